@@ -1,0 +1,25 @@
+"""Hypothesis profiles for the whole suite.
+
+ci:      bounded and derandomised (seeded; the seed is printed), no deadline.
+dev:     the default for local runs.
+nightly: many more examples and longer state-machine runs.
+Select with HYPOTHESIS_PROFILE; CI=true selects "ci".
+"""
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", max_examples=60, stateful_step_count=40, deadline=None, derandomize=True,
+    print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "dev", max_examples=100, stateful_step_count=50, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "nightly", max_examples=5000, stateful_step_count=200, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_report_header(config):
+    return f"hypothesis profile: {settings._current_profile}"
