@@ -1,0 +1,374 @@
+"""The prefix cache's life cycle over the trie (REFERENCE section 2).
+
+One set of live caches (content per layer) rests at `offset`; `path` is the
+active path, root first, whose last node is the frontier. A request is
+begin -> prefill (chunks, captures) -> decode steps -> close.
+
+Invariants kept here (predicates in spec.rules):
+  T3  all layers rest at one offset; after begin and after close the frontier
+      ends exactly at it.
+  S3  close pages out every stateful layer the frontier is missing.
+  M1  a chunk never ends strictly inside a non-causal item.
+  M2  a capture scheduled strictly inside one lands at its end.
+  M3  a resume never starts strictly inside one (a match ending inside an
+      item resumes at its start).
+  P1  a resume strictly inside an edge splits that node at the live offset;
+      the head stays on the path (frontier) and is touched.
+  P2  compaction merges each non-user, single-child node of the active path
+      (other than root and frontier) into its child.
+  E1  after eviction, counter <= budget unless every node is protected.
+  E2  only root, frontier and branch points are protected.
+  E3  victims go least recently used first; ties: deeper, then larger first
+      (then by key path, so the order is total).
+  E4  a leaf is removed; a node with one child merges into it (G2).
+  C1  the live content equals a cold prefill of the evaluated keys.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from spec.media import capture_ceiling, extend_chunk, keys_of, noncausal_spans, resume_floor, validate_request
+from spec.trie import KV, WINDOWED, Broken, Node, Store, common_prefix, match, state_content
+
+
+def schedule(n: int, resume: int, matched: int, spans: list, interval: int, near_end: int) -> list:
+    """Capture offsets for a prompt of n keys resumed at `resume`: the branch
+    point (`matched`, when resume < matched; not user), periodic multiples of
+    `interval` and n - near_end (user), moved off non-causal spans (M2), kept
+    in (resume, n - 1], sorted and unique, a user flag winning a tie.
+
+    pre: 0 <= resume <= matched < n
+    pre: interval >= 0 and near_end >= 0
+    pre: all(0 <= p < e < n for (p, e) in spans)
+    pre: all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
+    post: all(resume < c <= n - 1 for (c, _) in __return__)
+    post: all(__return__[i][0] < __return__[i + 1][0] for i in range(len(__return__) - 1))
+    post: not any(p < c < e for (c, _) in __return__ for (p, e) in spans)
+    """
+    wanted = {}
+    if resume < matched:
+        wanted[matched] = False
+    user = [k * interval for k in range(1, n // interval + 1) if k * interval < n] if interval else []
+    if n - near_end > 0:
+        user.append(n - near_end)
+    for c in user:
+        wanted[capture_ceiling(c, spans)] = True
+    return sorted((c, u) for c, u in wanted.items() if resume < c <= n - 1)
+
+
+def next_chunk_end(p: int, target: int, chunk: int, cuts: list, spans: list) -> int:
+    """End of the prefill chunk starting at p: at most `chunk` keys, cut at
+    the next scheduled capture when whole-state layers need a forward
+    boundary there (`cuts`), then extended to the end of a non-causal span it
+    would split (M1).
+
+    pre: 0 <= p < target and chunk > 0
+    pre: all(0 <= a < e <= target for (a, e) in spans)
+    pre: all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
+    pre: not any(a < p < e for (a, e) in spans)
+    post: p < __return__ <= target
+    post: not any(a < __return__ < e for (a, e) in spans)
+    """
+    q = min(p + chunk, target)
+    q = min([q] + [c for c in cuts if c > p])
+    return extend_chunk(q, spans)
+
+
+@dataclass
+class Capture:
+    offset: int
+    user: bool
+    snaps: dict  # layer index -> Snap
+
+
+@dataclass
+class Request:
+    keys: tuple
+    spans: list
+    matched: int
+    resume: int
+    schedule: list
+    base: int                     # from-offset of the next KV capture
+    pending: list = field(default_factory=list)
+    chunks: list = field(default_factory=list)
+    prefilled: bool = False
+
+
+class PrefixCache:
+    def __init__(self, layers, budget: int = 1 << 62, interval: int = 0, near_end: int = 4, chunk: int = 8):
+        if budget < 0:
+            raise ValueError(f"budget {budget} < 0")
+        self.layers = tuple(layers)
+        self.store = Store(self.layers)
+        self.budget, self.interval, self.near_end, self.chunk = budget, interval, near_end, chunk
+        self.live = [() for _ in self.layers]   # content per layer
+        self.offset = 0
+        self.seq: list = []                     # keys of the live positions
+        self.path = [self.store.root]
+        self.clock = 0
+        self.request: Request | None = None
+
+    @property
+    def root(self) -> Node:
+        return self.store.root
+
+    @property
+    def frontier(self) -> Node:
+        return self.path[-1]
+
+    def stateful(self):
+        return [i for i, layer in enumerate(self.layers) if layer.stateful]
+
+    def touch(self, node: Node) -> None:
+        self.clock += 1
+        node.last_used = self.clock
+
+    # ------------------------------------------------------------------ begin
+    def begin(self, tokens, media=(), vocab_size: int = 1 << 31) -> tuple:
+        """Switch the live caches to the longest usable match; returns
+        (matched, resume)."""
+        if self.request is not None:
+            raise ValueError("begin while a request is open: close it first")
+        validate_request(tokens, media, vocab_size)
+        keys, spans = keys_of(tokens, media), noncausal_spans(media)
+        walked, matched = match(self.root, keys)
+        if matched == len(keys):
+            matched -= 1                          # leave the decode seed
+        matched = resume_floor(matched, spans)    # M3
+        path = [n for n in walked if n.start < matched or n is self.root]
+        common = common_prefix(self.seq, keys)
+        resume = next(x for x in range(matched, -1, -1)
+                      if not any(p < x < e for p, e in spans)
+                      and all(self.reachable(i, path, x, matched, common) for i in self.stateful()))
+        self.restore(path, resume, common, keys)
+        self.path = [n for n in path if n.end <= resume]
+        inside = [n for n in path if n.start < resume < n.end]
+        if inside:                                # P1: split at the live offset
+            self.path.append(self.store.split(inside[0], resume))
+        self.touch(self.frontier)
+        plan = schedule(len(keys), resume, matched, spans, self.interval, self.near_end)
+        self.request = Request(keys=keys, spans=spans, matched=matched, resume=resume, schedule=plan, base=resume)
+        self.evict()
+        return matched, resume
+
+    def source(self, i: int, path: list, x: int, matched: int, common: int):
+        """Where whole-state layer i can get its state at offset x: "live"
+        (as it is, or rewound inside an unwrapped window), a snapshot on the
+        path (at x, or an unwrapped window rewound to x), "reset" at 0, or None."""
+        layer = self.layers[i]
+        unwrapped = lambda end: layer.kind == WINDOWED and end <= layer.window
+        if x == 0:
+            return "reset"
+        if x <= common and (self.offset == x or unwrapped(self.offset)) and self.offset >= x:
+            return "live"
+        for n in path[1:]:
+            s = n.snaps.get(i)
+            if s is not None and (s.end == x or (unwrapped(s.end) and x <= min(s.end, matched))):
+                return s
+        return None
+
+    def reachable(self, i: int, path: list, x: int, matched: int, common: int) -> bool:
+        if self.layers[i].kind == KV:
+            return all(i in n.snaps for n in path[1:] if n.start < x)
+        return self.source(i, path, x, matched, common) is not None
+
+    def restore(self, path: list, x: int, common: int, keys: tuple) -> None:
+        """Page the path in up to offset x. A KV layer writes the rows of
+        owned snapshots past the live common prefix (lazy views of the live
+        buffer are already in place); writes materialise views they overlap."""
+        for i in self.stateful():
+            layer = self.layers[i]
+            if layer.kind == KV:
+                content = ()
+                for n in path[1:]:
+                    if n.start >= x:
+                        break
+                    s = n.snaps[i]
+                    p, q = max(n.start, common), min(n.end, x)
+                    if not s.lazy and p < q:
+                        self.store.materialise(i, p, q)
+                    content += s.content[:q - n.start]
+                self.live[i] = content
+            else:
+                src = self.source(i, path, x, x, common)
+                if src == "reset":
+                    self.live[i] = ()
+                elif src == "live":
+                    self.live[i] = self.live[i] if self.offset == x else self.live[i][:x]
+                else:
+                    self.live[i] = src.content if src.end == x else src.content[:x]
+        self.offset = x
+        self.seq = list(keys[:x])
+
+    # ---------------------------------------------------------------- prefill
+    def prefill(self, max_chunks: int | None = None) -> bool:
+        """Evaluate the prompt up to its last key in chunks; stop early after
+        `max_chunks` (a cancel). Attaches the captures when complete."""
+        req = self.request
+        if req is None or req.prefilled:
+            raise ValueError("prefill needs a begun, unprefilled request")
+        target = len(req.keys) - 1
+        cuts = [c for c, _ in req.schedule] if any(l.whole_state for l in self.layers) else []
+        done = 0
+        while self.offset < target:
+            if max_chunks is not None and done >= max_chunks:
+                return False
+            p = self.offset
+            q = next_chunk_end(p, target, self.chunk, cuts, req.spans)
+            self.forward(req.keys[p:q], req.spans)
+            req.chunks.append((p, q))
+            done += 1
+        req.prefilled = True
+        self.attach()
+        return True
+
+    def step(self, key: int) -> None:
+        """One decode step: evaluate `key` at the live offset (the prompt's
+        last key first, then every produced token but the last)."""
+        req = self.request
+        if req is None or not req.prefilled:
+            raise ValueError("decode needs a prefilled request")
+        self.forward((key,), [])
+
+    def forward(self, keys: tuple, spans: list) -> None:
+        """Evaluate keys at [p, q): materialise overlapped views, extend the
+        live content, fire the captures crossed (KV by arithmetic anywhere;
+        whole-state only at q)."""
+        p, q = self.offset, self.offset + len(keys)
+        req = self.request
+        def whole(pos):  # is pos's non-causal item, if any, entirely inside [p, q)?
+            return all(p <= a and e <= q for a, e in spans if a <= pos < e)
+        content = tuple(k if whole(p + j) else Broken(k) for j, k in enumerate(keys))
+        pending = [s for c in req.pending for s in c.snaps.values()]
+        for i in self.stateful():
+            if self.layers[i].kind == KV:
+                self.store.materialise(i, p, q, pending)
+        for i in self.stateful():
+            full = self.live[i] + content
+            self.live[i] = full if self.layers[i].kind != WINDOWED else state_content(self.layers[i], full)
+        self.offset, self.seq = q, self.seq + list(keys)
+        for c, user in req.schedule:
+            if p < c <= q:
+                snaps = {}
+                for i in self.stateful():
+                    layer = self.layers[i]
+                    if layer.kind == KV:
+                        snaps[i] = self.store.new_snap(layer=i, kind=KV, start=req.base, end=c,
+                                                       content=self.live[i][req.base:c], lazy=True)
+                    else:
+                        assert c == q, f"whole-state capture at {c} inside forward [{p}, {q})"
+                        snaps[i] = self.store.new_snap(layer=i, kind=layer.kind, start=c, end=c,
+                                                       content=self.live[i])
+                req.pending.append(Capture(c, user, snaps))
+                req.base = c
+
+    # ------------------------------------------------------- attach and close
+    def advance(self, to: int) -> Node:
+        """Extend the active path over the live keys up to `to`: walk matching
+        children, split a partly matched edge, append the rest."""
+        f = self.frontier
+        keys = tuple(self.seq[f.end:to])
+        walked, k = match(f, keys)
+        if len(walked) > 1 and f.end + k < walked[-1].end:
+            walked[-1] = self.store.split(walked[-1], f.end + k)
+        self.path += walked[1:]
+        if k < len(keys):
+            self.path.append(self.store.append_child(self.frontier, keys[k:]))
+        return self.frontier
+
+    def attach(self) -> None:
+        """Put each pending capture on the node ending at its offset, clipped
+        to that node's edge; a layer the node already has keeps its snapshot."""
+        req = self.request
+        if not req.pending:
+            return
+        for cap in req.pending:
+            node = self.advance(cap.offset)
+            node.user = node.user or cap.user
+            for i, s in sorted(cap.snaps.items()):
+                if i in node.snaps or (s.kind == KV and s.start > node.start):
+                    self.store.release(s)       # kept snapshot wins; a capture short of the edge can't cover it
+                    continue
+                if s.kind == KV and s.start < node.start:  # clip a KV capture to the node's edge (S1)
+                    head, s = self.store.split_snap(s, node.start)
+                    self.store.release(head)
+                self.store.own(node, s)
+            self.touch(node)
+            self.compact()
+        req.pending = []
+        self.evict()
+
+    def page_out(self, node: Node) -> None:
+        """S3: capture every stateful layer the node is missing from the live
+        caches, which rest exactly at its end."""
+        assert self.offset == node.end, "page_out needs the live caches at the node's end"
+        for i in self.stateful():
+            if i in node.snaps:
+                continue
+            kind = self.layers[i].kind
+            if kind == KV:
+                s = self.store.new_snap(layer=i, kind=KV, start=node.start, end=node.end,
+                                        content=self.live[i][node.start:node.end], lazy=True)
+            else:
+                s = self.store.new_snap(layer=i, kind=kind, start=node.end, end=node.end, content=self.live[i])
+            self.store.own(node, s)
+
+    def close(self) -> None:
+        if self.request is None:
+            raise ValueError("close without an open request")
+        self.attach()
+        if self.offset > self.frontier.end:
+            self.advance(self.offset)
+        if self.frontier is not self.root:
+            self.page_out(self.frontier)
+        self.compact()
+        self.touch(self.frontier)
+        self.request = None
+        self.evict()
+
+    # ------------------------------------------------- compaction, eviction
+    def compact(self) -> None:
+        i = 1
+        while i < len(self.path) - 1:
+            n = self.path[i]
+            if not n.user and len(n.children) == 1:
+                self.path.remove(n.children[0])
+                self.store.merge_with_child(n)
+            else:
+                i += 1
+
+    def evictable(self, n: Node) -> bool:
+        """E2: everything but the root, the frontier and branch points."""
+        return n is not self.root and n is not self.frontier and len(n.children) < 2
+
+    def node_bytes(self, n: Node) -> int:
+        return sum(s.nbytes(self.layers[i]) for i, s in n.snaps.items())
+
+    def evict_order(self, n: Node) -> tuple:
+        """E3: least recently used, then deeper, then larger, then key path."""
+        return (n.last_used, -n.end, -self.node_bytes(n), n.path_keys())
+
+    def evict(self) -> None:
+        while self.store.counter > self.budget:
+            victims = [n for n in self.store.nodes() if self.evictable(n)]
+            if not victims:
+                return
+            v = min(victims, key=self.evict_order)
+            if v.children:                        # E4
+                if v.children[0] in self.path:
+                    self.path.remove(v.children[0])
+                self.store.merge_with_child(v)
+            else:
+                self.store.remove_leaf(v)
+
+    def set_budget(self, budget: int) -> None:
+        if budget < 0:
+            raise ValueError(f"budget {budget} < 0")
+        self.budget = budget
+        self.evict()
+
+    # ------------------------------------------------------------------ C1
+    def cold(self, i: int) -> tuple:
+        """What layer i holds after a cold prefill of the live keys."""
+        return state_content(self.layers[i], tuple(self.seq))
+
