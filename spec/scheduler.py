@@ -90,24 +90,29 @@ def lru_idle(loaded: List[Loaded]) -> Union[str, None]:
 
 
 def fit_decision(required: int, device_free: int, system_free: int,
-                 loaded: List[Loaded], shared_memory: bool = True) -> Decision:
+                 loaded: List[Loaded], shared_memory: bool = True,
+                 alone_free: Union[int, None] = None) -> Decision:
     """F2: what the scheduler does for a load that needs ``required`` bytes.
 
     - "load" when it fits under F1's bound;
     - ("evict", name) of the least recently used idle model when it does not: the caller
       closes that runner (R1: waits for the reap) and asks again with fresh figures;
     - "wait" when nothing idle can be evicted but something loaded is busy;
-    - "refuse" when nothing is loaded and it still does not fit (it cannot fit alone).
+    - "refuse" when it cannot fit alone: nothing is loaded and it still does not fit, or
+      ``alone_free`` (the device figure as if nothing were loaded, when the caller knows it)
+      is already too small - then nothing is evicted for a load that could never start.
 
     pre: required >= 0
     pre: device_free >= 0
     pre: system_free >= 0
     post: (__return__ == "load") == fits(required, fit_available(device_free, system_free, len(loaded), shared_memory))
-    post: __return__ != "refuse" or len(loaded) == 0
+    post: __return__ != "refuse" or len(loaded) == 0 or (alone_free is not None and required > alone_free)
     post: not isinstance(__return__, tuple) or __return__ == ("evict", lru_idle(loaded))
     """
     if fits(required, fit_available(device_free, system_free, len(loaded), shared_memory)):
         return "load"
+    if alone_free is not None and not fits(required, alone_free):
+        return "refuse"
     victim = lru_idle(loaded)
     if victim is not None:
         return ("evict", victim)
