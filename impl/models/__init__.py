@@ -1,0 +1,92 @@
+"""The real small models the project runs: SmolLM2-135M (GGUF, llama) and three fixed-seed hybrids.
+
+Invariants:
+- ``load(name)`` returns one ``LoadedModel`` per name per process (cached); weights are float32 and
+  evaluated, and the allocator pool is released afterwards so only the weights stay held (A3).
+- ``layer_kinds`` lists, per model layer, the cache kind ``impl.caches.make_layer_caches`` builds for
+  it ("kv" | "windowed" | "recurrent" | None for stateless layers).
+- Every model uses the SmolLM2 tokenizer (the hybrids share its vocabulary size).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from mlx.utils import tree_flatten
+
+MODEL_NAMES = ("smollm2", "gemma3", "qwen3next", "mamba2")
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: Any
+    tokenizer: Any
+    n_params: int
+    weight_bytes: int
+    context_length: int
+    vocab_size: int
+    layer_kinds: list = field(default_factory=list)
+
+    def make_caches(self):
+        from impl.caches import make_layer_caches
+
+        return make_layer_caches(self.model)
+
+
+_loaded: dict[str, LoadedModel] = {}
+_lock = threading.Lock()
+_smol: Optional[tuple] = None
+
+
+def _smollm2():
+    global _smol
+    if _smol is None:
+        from . import smollm2
+
+        model, meta = smollm2.load_weights()
+        _smol = (model, smollm2.load_tokenizer(meta), meta)
+    return _smol
+
+
+def shared_tokenizer():
+    """The SmolLM2 GGUF tokenizer (shared by every model)."""
+    return _smollm2()[1]
+
+
+def load(name: str) -> LoadedModel:
+    if name not in MODEL_NAMES:
+        raise KeyError(f"unknown model {name!r}; known: {MODEL_NAMES}")
+    with _lock:
+        if name in _loaded:
+            return _loaded[name]
+        from impl.caches import layer_kinds, make_layer_caches
+        from impl.memory import release_pool
+
+        if name == "smollm2":
+            model, tok, _meta = _smollm2()
+            context = model.args.max_position_embeddings
+            vocab = model.args.vocab_size
+        else:
+            from . import hybrid
+
+            model, config = hybrid.load(name)
+            tok = shared_tokenizer()
+            context = int(config.get("max_position_embeddings", 8192))
+            vocab = int(config["vocab_size"])
+        params = tree_flatten(model.parameters())
+        lm = LoadedModel(
+            name=name,
+            model=model,
+            tokenizer=tok,
+            n_params=sum(v.size for _, v in params),
+            weight_bytes=sum(v.nbytes for _, v in params),
+            context_length=context,
+            vocab_size=vocab,
+            layer_kinds=layer_kinds(make_layer_caches(model)),
+        )
+        release_pool()
+        _loaded[name] = lm
+        return lm

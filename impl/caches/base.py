@@ -1,0 +1,170 @@
+"""The layer-cache snapshot protocol shared by every cache kind.
+
+A layer cache holds one model layer's attention or recurrent state for the live token stream; a
+snapshot is that state paged out of it. This module defines the errors, the snapshot base class, the
+abstract layer cache and the process-wide live-snapshot counter. The concrete kinds live in kv.py
+(sliceable), windowed.py and recurrent.py (whole-state).
+
+Invariants kept here (REFERENCE.md rule ids):
+- A2: every snapshot is created exactly once and closed exactly once. ``live_snapshots()`` counts the
+  snapshots created and not yet closed; closing twice raises ``CacheError("A2: ...")``.
+- A1: ``Snapshot.size`` is the number of bytes the snapshot owns. A lazy KV view owns 0 until it
+  materialises; then ``on_materialise(delta)`` fires exactly once with the bytes it now owns, so an
+  owner's byte counter always equals the sum of ``size`` over what it holds.
+- G1: merging is defined only for adjacent snapshots; non-adjacent KV merges raise ``MergeError``
+  whose message starts with "G1:". Nothing is ever concatenated silently.
+- Bad input (negative offsets, a snapshot of another kind or layer, a closed snapshot) raises
+  ``CacheError``; an unreachable restore target returns False and leaves the cache unchanged.
+- Every cache supports ``finish_forward(n)`` (called after each model forward of n tokens) and an
+  ``attention_spans`` list of absolute [start, end) ranges of non-causal media items in the current
+  forward (M1), which attention caches honour in ``make_mask``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Optional
+
+KINDS = ("kv", "windowed", "recurrent")
+
+_live = 0
+_cache_ids = itertools.count(1)
+
+
+def live_snapshots() -> int:
+    """Number of snapshots created and not yet closed, process-wide (A2 leak checks)."""
+    return _live
+
+
+class CacheError(ValueError):
+    """Bad input to a layer cache; the message names the problem (and a rule id where one applies)."""
+
+
+class MergeError(CacheError):
+    """merge() of snapshots that are not adjacent (G1)."""
+
+
+class Snapshot:
+    """Paged-out state of one layer.
+
+    kind: "kv" | "windowed" | "recurrent". KV: the position range [start, end). Whole-state:
+    start == end == the offset the state describes. ``layer`` is the issuing cache's layer index
+    (None when the cache was built outside the factory); restoring into a cache of another layer is
+    refused.
+    """
+
+    kind: str = ""
+
+    def __init__(self, start: int, end: int, layer: Optional[int] = None):
+        global _live
+        self.start = int(start)
+        self.end = int(end)
+        self.layer = layer
+        self.on_materialise: Optional[Callable[[int], None]] = None
+        self._closed = False
+        _live += 1
+
+    @property
+    def size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def lazy(self) -> bool:
+        return False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        global _live
+        if self._closed:
+            raise CacheError(f"A2: {self!r} closed twice")
+        self._closed = True
+        self.on_materialise = None
+        self._release()
+        _live -= 1
+
+    def _release(self) -> None:
+        """Drop owned arrays / detach from the issuing cache (subclasses)."""
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("lazy" if self.lazy else f"{self.size}B")
+        return f"<{type(self).__name__} {self.kind} [{self.start},{self.end}) layer={self.layer} {state}>"
+
+
+class LayerCache:
+    """One layer's live cache plus the snapshot protocol (see REFERENCE.md section 1).
+
+    Subclasses implement the mlx-lm cache interface their layers call and the methods below.
+    """
+
+    kind: str = ""
+
+    def __init__(self, layer: Optional[int] = None):
+        self.layer = layer
+        self.cache_id = next(_cache_ids)
+        self.offset = 0
+        self.attention_spans: list[tuple[int, int]] = []
+
+    # mlx-lm's models test caches for truthiness (`if cache:`); a cache object is always truthy.
+    def __bool__(self) -> bool:
+        return True
+
+    # --- snapshot protocol -------------------------------------------------------------------
+    def snapshot(self, start: int) -> Optional[Snapshot]:
+        raise NotImplementedError
+
+    def prepare_captures(self, offsets) -> None:
+        raise NotImplementedError
+
+    def take_captures(self) -> list:
+        raise NotImplementedError
+
+    def captures_inside(self, n: int) -> list[int]:
+        """Scheduled offsets strictly inside the next write of n tokens that this cache cannot
+        capture there (whole-state kinds); the forward driver must cut the forward at them."""
+        return []
+
+    def can_restore(self, snap: Optional[Snapshot], target: int) -> bool:
+        raise NotImplementedError
+
+    def restore(self, snap: Optional[Snapshot], target: int) -> bool:
+        raise NotImplementedError
+
+    def merge(self, a: Optional[Snapshot], b: Optional[Snapshot]) -> Optional[Snapshot]:
+        raise NotImplementedError
+
+    def split(self, snap: Snapshot, at: int):
+        raise NotImplementedError
+
+    def free(self) -> None:
+        raise NotImplementedError
+
+    def finish_forward(self, n_tokens: int) -> None:
+        raise NotImplementedError
+
+    # --- shared argument checks --------------------------------------------------------------
+    def _check_target(self, target) -> None:
+        if not isinstance(target, int) or isinstance(target, bool):
+            raise CacheError(f"target offset must be an int, got {target!r}")
+        if target < 0:
+            raise CacheError(f"negative target offset {target}")
+
+    def _check_snapshot(self, snap: Snapshot) -> None:
+        if not isinstance(snap, Snapshot):
+            raise CacheError(f"not a snapshot: {snap!r}")
+        if snap.closed:
+            raise CacheError(f"A2: {snap!r} is closed")
+        if snap.kind != self.kind:
+            raise CacheError(f"wrong kind: a {snap.kind} snapshot given to a {self.kind} cache")
+        if snap.layer is not None and self.layer is not None and snap.layer != self.layer:
+            raise CacheError(
+                f"snapshot of layer {snap.layer} given to the cache of layer {self.layer}"
+            )
+
+    @staticmethod
+    def _close_quietly(*snaps) -> None:
+        for s in snaps:
+            if s is not None and not s.closed:
+                s.close()

@@ -1,0 +1,312 @@
+"""Sliceable full-attention KV cache with lazy range snapshots (drop-in for mlx-lm's KVCache).
+
+The live cache is one growing buffer per K and V, shaped [B, heads, capacity, head_dim]; rows
+[0, offset) are the stream's positions. Writes go in place (mlx-lm's slice assignment), and MLX
+updates the buffer without copying as long as nothing else references it.
+
+Invariants (REFERENCE.md rule ids):
+- S1: a KV snapshot is exactly the position range [start, end) it names; captures scheduled at
+  offsets o1 < o2 < ... yield [base, o1), [o1, o2), ... even when several fall inside one write.
+- Lazy views: a snapshot taken from the live cache holds no array, only (cache, start, end). The
+  cache keeps its outstanding views and, before any write overwrites slots [p, q) (a prefill or
+  decode after a rewind, a restore writing rows) or the buffer is freed, copies out ("materialises")
+  every view overlapping those slots and fires its ``on_materialise`` hook exactly once (A1). The
+  overlap test is skipped in O(1) when the write starts at or above every view's end, which is the
+  case for every ordinary append, so outstanding views cost nothing per decode step and never keep
+  the buffer from being updated in place.
+- An intact lazy view of this cache restores with no copy at all (the rows are still in place).
+- G1: merge accepts only adjacent ranges (a.end == b.start) and raises MergeError otherwise; two lazy
+  views of one cache merge by arithmetic (still lazy); anything else becomes an owned concatenation.
+  merge and split never fire their inputs' hooks: the inputs are closed and the result reports its
+  own size.
+- Owned size = rows x (bytes per row of K + bytes per row of V); a lazy view owns 0.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import mlx.core as mx
+from mlx_lm.models.cache import create_attention_mask
+
+from .base import CacheError, LayerCache, MergeError, Snapshot
+from .captures import CaptureSchedule
+from .masks import span_mask, spans_touching
+
+
+def _copy_rows(x: mx.array, a: int, b: int) -> mx.array:
+    """An owned copy of rows [a, b) along the sequence axis (never a view of x)."""
+    return mx.contiguous(x[..., a:b, :])
+
+
+class KVSnapshot(Snapshot):
+    kind = "kv"
+
+    def __init__(self, start, end, layer=None, cache=None, keys=None, values=None):
+        super().__init__(start, end, layer)
+        self._cache: Optional["KVCache"] = cache  # issuer while lazy; None once owned
+        self.keys = keys
+        self.values = values
+
+    @property
+    def lazy(self) -> bool:
+        return self._cache is not None
+
+    @property
+    def size(self) -> int:
+        if self.keys is None:
+            return 0
+        return self.keys.nbytes + self.values.nbytes
+
+    def _rows(self) -> tuple[mx.array, mx.array]:
+        """This snapshot's rows: its own arrays, or (lazy) slices of the issuer's buffer."""
+        if self._cache is not None:
+            c = self._cache
+            return c.keys[..., self.start : self.end, :], c.values[..., self.start : self.end, :]
+        return self.keys, self.values
+
+    def _geometry(self):
+        k, v = (self._cache.keys, self._cache.values) if self._cache is not None else (self.keys, self.values)
+        return _geometry(k, v)
+
+    def _materialise(self) -> None:
+        """Copy the range out of the issuer's buffer; fire the hook once."""
+        c = self._cache
+        if c is None:
+            return
+        self.keys = _copy_rows(c.keys, self.start, self.end)
+        self.values = _copy_rows(c.values, self.start, self.end)
+        mx.eval(self.keys, self.values)
+        c._views.discard(self)
+        self._cache = None
+        hook, self.on_materialise = self.on_materialise, None
+        if hook is not None:
+            hook(self.size)
+
+    def _release(self) -> None:
+        if self._cache is not None:
+            self._cache._views.discard(self)
+            self._cache = None
+        self.keys = self.values = None
+
+
+def _geometry(k, v):
+    if k is None:
+        return None
+    return (k.shape[0], k.shape[1], k.shape[3], v.shape[1], v.shape[3], k.dtype, v.dtype)
+
+
+class KVCache(LayerCache):
+    kind = "kv"
+    step = 256
+
+    def __init__(self, layer: Optional[int] = None):
+        super().__init__(layer)
+        self.keys: Optional[mx.array] = None
+        self.values: Optional[mx.array] = None
+        self._views: set[KVSnapshot] = set()
+        self._views_max_end = 0  # upper bound of the ends of outstanding views
+        self._sched = CaptureSchedule()
+        self._since_boundary = 0
+
+    # --- mlx-lm cache interface --------------------------------------------------------------
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        prev = self.offset
+        self._write(keys, values)
+        self._since_boundary += keys.shape[2]
+        if self._sched.active:
+            for o in self._sched.pending_in(prev, self.offset):
+                self._sched.reach(o, self._view)
+        return self.keys_and_values()
+
+    def keys_and_values(self):
+        if self.offset < self.keys.shape[2]:
+            return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+        return self.keys, self.values
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: Optional[int] = None):
+        spans = spans_touching(self.attention_spans, self.offset, N) if N > 1 else []
+        if not spans:
+            return create_attention_mask(N, offset=self.offset, return_array=return_array, window_size=window_size)
+        return span_mask(self.offset, N, 0, self.offset + N, spans, window_size)
+
+    @property
+    def state(self):
+        return self.keys, self.values, self.offset
+
+    @state.setter
+    def state(self, v):
+        self._materialise_all()
+        self.keys, self.values, self.offset = v
+
+    def size(self) -> int:
+        return self.offset
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        n = min(self.offset, n)
+        if not self.restore(None, self.offset - n):
+            return 0
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return self.keys.nbytes + self.values.nbytes
+
+    # --- raw write path (shared by update_and_fetch and restore) ---------------------------
+    def _write(self, keys: mx.array, values: mx.array) -> None:
+        prev = self.offset
+        n = keys.shape[2]
+        self._before_overwrite(prev, prev + n)
+        if self.keys is None or prev + n > self.keys.shape[2]:
+            B, H, _, Dk = keys.shape
+            Dv = values.shape[3]
+            n_steps = (self.step + n - 1) // self.step
+            new_k = mx.zeros((B, H, n_steps * self.step, Dk), keys.dtype)
+            new_v = mx.zeros((B, values.shape[1], n_steps * self.step, Dv), values.dtype)
+            if self.keys is not None:
+                if prev % self.step != 0:
+                    self.keys = self.keys[..., :prev, :]
+                    self.values = self.values[..., :prev, :]
+                self.keys = mx.concatenate([self.keys, new_k], axis=2)
+                self.values = mx.concatenate([self.values, new_v], axis=2)
+            else:
+                self.keys, self.values = new_k, new_v
+        self.offset = prev + n
+        self.keys[..., prev : self.offset, :] = keys
+        self.values[..., prev : self.offset, :] = values
+
+    def _before_overwrite(self, p: int, q: int) -> None:
+        """Materialise every outstanding view overlapping slots [p, q)."""
+        if not self._views or p >= self._views_max_end:
+            return
+        for s in [s for s in self._views if s.start < q and s.end > p]:
+            s._materialise()
+        self._views_max_end = max((s.end for s in self._views), default=0)
+
+    def _materialise_all(self) -> None:
+        for s in list(self._views):
+            s._materialise()
+        self._views_max_end = 0
+
+    def _view(self, start: int, end: int) -> Optional[KVSnapshot]:
+        if self.keys is None or end <= start:
+            return None
+        s = KVSnapshot(start, end, self.layer, cache=self)
+        self._views.add(s)
+        self._views_max_end = max(self._views_max_end, end)
+        return s
+
+    # --- snapshot protocol -------------------------------------------------------------------
+    def snapshot(self, start: int) -> Optional[KVSnapshot]:
+        self._check_target(start)
+        if start > self.offset:
+            raise CacheError(f"snapshot start {start} is past the cache offset {self.offset}")
+        return self._view(start, self.offset)
+
+    def prepare_captures(self, offsets) -> None:
+        self._sched.prepare(self.offset, offsets)
+        if self.offset in self._sched.offsets:
+            self._sched.reach(self.offset, self._view)  # zero-width: None
+
+    def take_captures(self) -> list:
+        return self._sched.take()
+
+    def can_restore(self, snap: Optional[KVSnapshot], target: int) -> bool:
+        self._check_target(target)
+        if snap is None:
+            return target <= self.offset
+        self._check_snapshot(snap)
+        mine = _geometry(self.keys, self.values)
+        theirs = snap._geometry()
+        if mine is not None and theirs is not None and mine != theirs:
+            raise CacheError(f"snapshot rows {theirs} do not fit this cache's rows {mine} (another layer's?)")
+        return snap.start <= self.offset and snap.start < target <= snap.end
+
+    def restore(self, snap: Optional[KVSnapshot], target: int) -> bool:
+        if self._sched.active:
+            raise CacheError("restore while captures are scheduled (take_captures first)")
+        if not self.can_restore(snap, target):
+            return False
+        self._since_boundary = 0
+        if snap is None:
+            self.offset = target
+            return True
+        if snap._cache is self:
+            # Intact lazy view of our own slots: the rows [start, target) are already in place.
+            self.offset = target
+            return True
+        k, v = snap._rows()
+        n = target - snap.start
+        if n < k.shape[2]:
+            k, v = k[..., :n, :], v[..., :n, :]
+        self.offset = snap.start
+        self._write(k, v)
+        mx.eval(self.keys, self.values)
+        return True
+
+    def merge(self, a: Optional[KVSnapshot], b: Optional[KVSnapshot]) -> Optional[KVSnapshot]:
+        for s in (a, b):
+            if s is not None:
+                self._check_snapshot(s)
+        if a is None or b is None:
+            self._close_quietly(a, b)
+            return None
+        if a.end != b.start:
+            raise MergeError(f"G1: cannot merge non-adjacent KV ranges [{a.start},{a.end}) and [{b.start},{b.end})")
+        if a._cache is not None and a._cache is b._cache:
+            merged = a._cache._view(a.start, b.end)
+        else:
+            ka, va = a._rows()
+            kb, vb = b._rows()
+            k = mx.concatenate([ka, kb], axis=2)
+            v = mx.concatenate([va, vb], axis=2)
+            mx.eval(k, v)
+            merged = KVSnapshot(a.start, b.end, a.layer, keys=k, values=v)
+        a.close()
+        b.close()
+        return merged
+
+    def split(self, snap: KVSnapshot, at: int):
+        self._check_snapshot(snap)
+        if not isinstance(at, int) or not snap.start < at < snap.end:
+            raise CacheError(f"split point {at!r} is not strictly inside [{snap.start},{snap.end})")
+        if snap._cache is not None:
+            c = snap._cache
+            head, tail = c._view(snap.start, at), c._view(at, snap.end)
+        else:
+            i = at - snap.start
+            n = snap.end - snap.start
+            hk, hv = _copy_rows(snap.keys, 0, i), _copy_rows(snap.values, 0, i)
+            tk, tv = _copy_rows(snap.keys, i, n), _copy_rows(snap.values, i, n)
+            mx.eval(hk, hv, tk, tv)
+            head = KVSnapshot(snap.start, at, snap.layer, keys=hk, values=hv)
+            tail = KVSnapshot(at, snap.end, snap.layer, keys=tk, values=tv)
+        snap.close()
+        return head, tail
+
+    def free(self) -> None:
+        self._materialise_all()
+        self._sched.clear()
+        self.keys = self.values = None
+        self.offset = 0
+        self._since_boundary = 0
+
+    def finish_forward(self, n_tokens: int) -> None:
+        if self._since_boundary != n_tokens:
+            raise CacheError(
+                f"T3: layer {self.layer} absorbed {self._since_boundary} tokens in this forward, "
+                f"the driver says {n_tokens}"
+            )
+        self._since_boundary = 0
+
+    @property
+    def outstanding_views(self) -> int:
+        return len(self._views)
