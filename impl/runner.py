@@ -63,6 +63,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def peer_gone(sock) -> bool:
+    """True once the peer of ``sock`` closed its end: EOF is readable without blocking."""
+    try:
+        r, _, _ = select.select([sock], [], [], 0)
+        return bool(r) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+
+
 def _emit(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
@@ -418,13 +427,7 @@ class RunnerHandler(BaseHTTPRequestHandler):
 
     def _client_gone(self) -> bool:
         """True once the peer closed its end (EOF readable without blocking)."""
-        if self._gone:
-            return True
-        try:
-            r, _, _ = select.select([self.connection], [], [], 0)
-            if r and self.connection.recv(1, socket.MSG_PEEK) == b"":
-                self._gone = True
-        except (OSError, ValueError):
+        if not self._gone and peer_gone(self.connection):
             self._gone = True
         return self._gone
 

@@ -1,0 +1,66 @@
+"""Command line: ``python -m impl serve|chat|runner ...``.
+
+On Linux the process re-executes itself once with Debian's OpenBLAS preloaded when that
+library exists (MLX's CPU wheel otherwise uses the reference BLAS; shared/PLATFORM.md); the
+runners it starts inherit the setting.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
+
+
+def _ensure_openblas() -> None:
+    if not sys.platform.startswith("linux") or not os.path.exists(OPENBLAS):
+        return
+    if OPENBLAS in os.environ.get("LD_PRELOAD", "").split(":") or os.environ.get("IMPL_NO_REEXEC"):
+        return
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = OPENBLAS + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    env["IMPL_NO_REEXEC"] = "1"
+    os.execve(sys.executable, [sys.executable, "-m", "impl"] + sys.argv[1:], env)
+
+
+def main(argv=None) -> int:
+    from impl.server import DEFAULT_PORT
+
+    p = argparse.ArgumentParser(prog="python -m impl")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="run the local server (loopback only)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=DEFAULT_PORT)
+    s.add_argument("--engine", choices=("real", "fake"), default="real")
+    s.add_argument("--budget-bytes", type=int, default=None, help="prefix-cache budget per runner")
+    s.add_argument("--device-bytes", type=int, default=None, help="override the device memory figure")
+    s.add_argument("--max-prompt-tokens", type=int, default=32768)
+    s.add_argument("--verbose", action="store_true")
+    c = sub.add_parser("chat", help="chat with a model through the server")
+    c.add_argument("model")
+    c.add_argument("--host", default="127.0.0.1")
+    c.add_argument("--port", type=int, default=DEFAULT_PORT)
+    c.add_argument("--max-tokens", type=int, default=128)
+    c.add_argument("--system", default=None)
+    sub.add_parser("runner", help="run one runner process (see python -m impl.runner --help)",
+                   add_help=False)
+    args, rest = p.parse_known_args(argv)
+    if args.cmd == "runner":
+        from impl.runner import main as runner_main
+        return runner_main(rest)
+    if rest:
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.cmd == "serve":
+        from impl.server import serve
+        return serve(args.host, args.port, engine=args.engine, budget_bytes=args.budget_bytes,
+                     device_bytes=args.device_bytes, max_prompt_tokens=args.max_prompt_tokens,
+                     verbose=args.verbose)
+    from impl.chat import chat
+    return chat(args.model, args.host, args.port, args.max_tokens, args.system)
+
+
+if __name__ == "__main__":
+    _ensure_openblas()
+    sys.exit(main())
