@@ -360,6 +360,7 @@ class PrefixCache:
                 self.store.merge_with_child(v)
             else:
                 self.store.remove_leaf(v)
+                self.compact()                    # P2: its parent may be left with one child
 
     def set_budget(self, budget: int) -> None:
         if budget < 0:

@@ -200,15 +200,16 @@ class Store:
 
     def merge_snaps(self, a: Snap | None, b: Snap | None) -> Snap | None:
         """G1/G2: KV pairs concatenate only when adjacent; whole-state keeps
-        the newer (b). A missing side leaves no snapshot."""
+        the newer (b), with or without a. A missing KV side leaves no snapshot."""
+        if b is not None and b.kind != KV:
+            if a is not None:
+                self.release(a)
+            return b
         if a is None or b is None:
             for s in (a, b):
                 if s is not None:
                     self.release(s)
             return None
-        if a.kind != KV:
-            self.release(a)
-            return b
         if a.end != b.start:
             raise MergeError(f"G1: KV snapshots [{a.start}, {a.end}) and [{b.start}, {b.end}) are not adjacent")
         merged = self.new_snap(layer=a.layer, kind=KV, start=a.start, end=b.end,
