@@ -329,6 +329,7 @@ class RunnerClient:
         tokens: list = []
         try:
             conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
+            sock = conn.sock          # http.client forgets it once a close-delimited response starts
             resp = conn.getresponse()
             if resp.status != 200:
                 raise RunnerRequestError(resp.status, _error_text(resp.read()))
@@ -338,8 +339,8 @@ class RunnerClient:
                         if cancel():
                             cancelled.set()
                             try:
-                                conn.sock.shutdown(socket.SHUT_RDWR)
-                            except (OSError, AttributeError):
+                                sock.shutdown(socket.SHUT_RDWR)
+                            except OSError:
                                 pass
                             return
                 threading.Thread(target=watch, daemon=True, name="generate-cancel").start()

@@ -231,11 +231,12 @@ def _fake_mlx_weights(nbytes: int):
     """Fake engine with --fake-mlx: build weights through a transform, as real loaders do
     (dequantise, fuse), so the consumed buffers land in MLX's pool before it is released."""
     import mlx.core as mx
-    n = max(1, nbytes // 4)
-    raw = mx.ones((n,), dtype=mx.float32)
-    w = raw * 2.0 + 1.0
+    chunk = 1 << 16                 # 256 KiB tensors: sizes MLX's allocator pools
+    raw = [mx.ones((chunk,), dtype=mx.float32) + i for i in range(max(1, nbytes // (4 * chunk)))]
+    mx.eval(raw)
+    w = [r * 2.0 + 1.0 for r in raw]
     mx.eval(w)
-    del raw
+    del raw                         # their buffers go back to the pool, not to the system
     return w
 
 

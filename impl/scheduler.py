@@ -98,6 +98,13 @@ def default_required_bytes(name: str) -> int:
 
 
 def default_known_model(name: str) -> bool:
+    try:
+        from impl import models
+        names = getattr(models, "MODEL_NAMES", None)
+    except Exception:
+        names = None
+    if names is not None:
+        return name in names
     fn = _models_hook("is_known", "known")
     if fn is not None:
         return bool(fn(name))
