@@ -1,0 +1,402 @@
+"""The prefix cache: one model's live layer caches, paged in and out of a trie.
+
+Mirrors spec/cache.py operation for operation, on real MLX layer caches.
+A request runs: begin(keys, spans) -> for each chunk from next_chunk():
+forward the model, evaluated(keys) -> prefilled() -> decode steps, each
+followed by evaluated([key]) -> close(). The forward itself belongs to the
+caller (the Engine, or a tracer in tests); this class does the bookkeeping.
+
+Invariants kept here (REFERENCE rule ids; checked after every operation when
+`check=True`, through impl.invariants):
+  T3  all layer caches rest at one offset; after begin and after close the
+      active path's last node (the frontier) ends exactly there.
+  S3  close pages out every stateful layer the frontier is missing.
+  M1  next_chunk never ends a chunk strictly inside a non-causal span.
+  M2  captures scheduled strictly inside one land at its end.
+  M3  the resume offset is never strictly inside one.
+  P1  a resume strictly inside an edge splits the node at the live offset;
+      the head becomes the frontier and is touched.
+  P2  compaction merges non-user single-child nodes of the active path
+      (other than root and frontier) into their child.
+  E1  after eviction paged-out bytes <= budget unless all nodes are protected.
+  E2  only root, frontier and branch points are protected.
+  E3  least recently used first; ties deeper, larger, then key path.
+  E4  a leaf is removed; a node with one child merges into it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from impl.trie import Node, Trie, common_prefix, match, walk
+
+
+def _inside(x: int, spans) -> tuple | None:
+    return next(((a, e) for a, e in spans if a < x < e), None)
+
+
+def schedule(n: int, resume: int, matched: int, spans, interval: int, near_end: int) -> list:
+    """Capture offsets (offset, user) for a prompt of n keys; see spec.cache.schedule."""
+    wanted = {}
+    if resume < matched:
+        wanted[matched] = False
+    offsets = list(range(interval, n, interval)) if interval > 0 else []
+    if n - near_end > 0:
+        offsets.append(n - near_end)
+    for c in offsets:
+        span = _inside(c, spans)
+        wanted[span[1] if span else c] = True              # M2
+    return sorted((c, u) for c, u in wanted.items() if resume < c <= n - 1)
+
+
+@dataclass
+class Stats:
+    total: int = 0
+    matched: int = 0
+    resumed: int = 0
+    prefilled: int = 0
+    captures: int = 0
+    evictions: int = 0
+
+
+@dataclass
+class Request:
+    keys: tuple
+    spans: list
+    matched: int
+    resume: int
+    schedule: list
+    chunks: list = field(default_factory=list)
+    prefilled: bool = False
+    stats: Stats = field(default_factory=Stats)
+
+
+class PrefixCache:
+    def __init__(self, caches, *, budget: int = 1 << 62, interval: int = 0, near_end: int = 4, check: bool = False):
+        if budget < 0:
+            raise ValueError(f"budget {budget} < 0")
+        self.caches = list(caches)
+        self.trie = Trie(self.caches)
+        self.budget, self.interval, self.near_end = budget, interval, near_end
+        self.check = check
+        self.seq: list = []
+        self.path: list = [self.trie.root]
+        self.clock = 0
+        self.request: Request | None = None
+        self.evictions = 0
+        self.bookkeeping_s = 0.0      # time spent in this class, for overhead figures
+
+    # ------------------------------------------------------------- basics
+    @property
+    def root(self) -> Node:
+        return self.trie.root
+
+    @property
+    def frontier(self) -> Node:
+        return self.path[-1]
+
+    @property
+    def counter(self) -> int:
+        return self.trie.counter
+
+    @property
+    def offset(self) -> int:
+        offs = {c.offset for c in self.caches if c is not None}
+        assert len(offs) <= 1, f"T3: layer caches rest at different offsets {sorted(offs)}"
+        return offs.pop() if offs else len(self.seq)
+
+    @property
+    def whole_state(self) -> bool:
+        return any(c is not None and c.kind != "kv" for c in self.caches)
+
+    def stateful(self):
+        return [i for i, c in enumerate(self.caches) if c is not None]
+
+    def touch(self, node: Node) -> None:
+        self.clock += 1
+        node.last_used = self.clock
+        node.used_at = time.monotonic()
+
+    def _checked(self, what: str) -> None:
+        if self.check:
+            from impl.invariants import assert_rules
+            assert_rules(self, what)
+
+    # ------------------------------------------------------------- begin
+    def begin(self, keys, spans=()) -> tuple:
+        """Switch the live caches to the longest usable match of `keys`
+        (validated by the caller) and schedule captures; returns (matched, resume)."""
+        if self.request is not None:
+            raise ValueError("begin while a request is open: close it first")
+        if len(keys) == 0:
+            raise ValueError("empty prompt: a request needs at least one key")
+        t0 = time.perf_counter()
+        keys, spans = tuple(keys), sorted(tuple(s) for s in spans)
+        walked, matched = match(self.root, keys)
+        if matched == len(keys):
+            matched -= 1                                     # leave the decode seed
+        span = _inside(matched, spans)
+        if span:
+            matched = span[0]                                # M3
+        path = [n for n in walked if n.start < matched or n is self.root]
+        common = min(common_prefix(self.seq, keys), self.offset)
+        resume = self._resume(path, matched, common, spans)
+        self._restore(path, resume, common)
+        self.seq = list(keys[:resume])
+        self.path = [n for n in path if n.end <= resume]
+        inside = [n for n in path if n.start < resume < n.end]
+        if inside:                                           # P1
+            self.path.append(self.trie.split(inside[0], resume))
+        self.touch(self.frontier)
+        plan = schedule(len(keys), resume, matched, spans, self.interval, self.near_end)
+        self.request = Request(keys, spans, matched, resume, plan)
+        self.request.stats = Stats(total=len(keys), matched=matched, resumed=resume)
+        offsets = [c for c, _ in plan]
+        for c in self.caches:
+            if c is not None and offsets:
+                c.prepare_captures(offsets)
+        self._evict()
+        self.bookkeeping_s += time.perf_counter() - t0
+        self._checked("begin")
+        return matched, resume
+
+    def _source(self, i: int, path: list, x: int, common: int):
+        """Where whole-state layer i gets its state at x (see spec.cache.source)."""
+        cache = self.caches[i]
+        if x == 0:
+            return "reset"
+        if x <= common and cache.can_restore(None, x):
+            return "live"
+        for n in path[1:]:
+            s = n.snaps[i]
+            if s is not None and cache.can_restore(s, x):
+                return s
+        return None
+
+    def _reachable(self, i: int, path: list, x: int, common: int) -> bool:
+        if self.caches[i].kind == "kv":
+            return all(n.snaps[i] is not None for n in path[1:] if n.start < x)
+        return self._source(i, path, x, common) is not None
+
+    def _resume(self, path: list, matched: int, common: int, spans) -> int:
+        """The largest x <= matched that every layer can reach and that is not
+        strictly inside a non-causal span. Feasible sets are unions of points
+        and prefixes [0, b], so the maximum is a point, a bound, or a span start."""
+        cands = {0, matched, common, self.offset}
+        for n in path[1:]:
+            cands.add(n.end)
+            cands.update(s.end for s in n.snaps if s is not None)
+        cands.update(a for a, _ in spans)
+        for x in sorted((c for c in cands if 0 <= c <= matched), reverse=True):
+            if _inside(x, spans) is None and all(self._reachable(i, path, x, common) for i in self.stateful()):
+                return x
+        return 0
+
+    def _restore(self, path: list, x: int, common: int) -> None:
+        for i in self.stateful():
+            cache = self.caches[i]
+            if cache.kind == "kv":
+                ok = cache.restore(None, min(common, x))
+                for n in path[1:]:
+                    if n.start >= x:
+                        break
+                    if cache.offset < n.end and cache.offset < x:
+                        ok = ok and cache.restore(n.snaps[i], min(n.end, x))
+            else:
+                src = self._source(i, path, x, common)
+                ok = cache.restore(None, 0) if src == "reset" else cache.restore(None if src == "live" else src, x)
+            assert ok and cache.offset == x, f"T3: layer {i} could not be restored to {x}"
+
+    # ----------------------------------------------------------- prefill
+    def next_chunk(self, chunk: int) -> tuple | None:
+        """The next prefill chunk [p, q) (None when only the decode seed is
+        left): at most `chunk` keys, cut at scheduled captures when whole-state
+        layers need a forward boundary, extended over a non-causal span (M1)."""
+        req = self.request
+        p, target = self.offset, len(req.keys) - 1
+        if p >= target:
+            return None
+        q = min(p + chunk, target)
+        if self.whole_state:
+            q = min([q] + [c for c, _ in req.schedule if c > p])
+        span = _inside(q, req.spans)
+        return p, (span[1] if span else q)
+
+    def evaluated(self, keys) -> None:
+        """The caller ran the model over `keys` at the live offset."""
+        self.seq.extend(keys)
+        req = self.request
+        if req is not None and not req.prefilled:
+            req.chunks.append((len(self.seq) - len(keys), len(self.seq)))
+            req.stats.prefilled += len(keys)
+        assert self.offset == len(self.seq), f"T3: caches at {self.offset}, {len(self.seq)} keys evaluated"
+
+    def prefilled(self) -> None:
+        """Prefill is complete: attach its captures."""
+        self.request.prefilled = True
+        self.attach()
+
+    # ---------------------------------------------------- attach and close
+    def _advance(self, to: int) -> Node:
+        f = self.frontier
+        keys = tuple(self.seq[f.end:to])
+        walked, k = match(f, keys)
+        if len(walked) > 1 and f.end + k < walked[-1].end:
+            walked[-1] = self.trie.split(walked[-1], f.end + k)
+        self.path += walked[1:]
+        if k < len(keys):
+            self.path.append(self.trie.append_child(self.frontier, keys[k:]))
+        return self.frontier
+
+    def attach(self) -> None:
+        """Put each crossed capture on the node ending at its offset, clipped
+        to the node's edge; a layer the node already has keeps its snapshot."""
+        req = self.request
+        if req is None or not req.schedule:
+            return
+        t0 = time.perf_counter()
+        plan, req.schedule = req.schedule, []
+        rows = {i: self.caches[i].take_captures() for i in self.stateful()}
+        reached = self.offset
+        for k, (c, _) in enumerate(plan):
+            if c > reached:                                  # never crossed (a cancel)
+                for i in rows:
+                    if rows[i][k] is not None:
+                        rows[i][k].close()
+        crossed = [(k, c, user) for k, (c, user) in enumerate(plan) if c <= reached]
+        if not crossed:
+            return
+        for k, c, user in crossed:
+            row = {i: rows[i][k] for i in rows}
+            node = self._advance(c)
+            node.user = node.user or user
+            for i, s in row.items():
+                if s is None:
+                    continue
+                if node.snaps[i] is not None or (s.kind == "kv" and s.start > node.start):
+                    s.close()
+                    continue
+                if s.kind == "kv" and s.start < node.start:   # clip to the edge (S1)
+                    head, s = self.caches[i].split(s, node.start)
+                    head.close()
+                self.trie.own(node, i, s)
+            req.stats.captures += 1
+            self.touch(node)
+            self._compact()
+        self._evict()
+        self.bookkeeping_s += time.perf_counter() - t0
+        self._checked("attach")
+
+    def _page_out(self, node: Node) -> None:
+        """S3: capture every stateful layer the node is missing."""
+        for i in self.stateful():
+            if node.snaps[i] is None:
+                self.trie.own(node, i, self.caches[i].snapshot(node.start))
+
+    def close(self) -> Stats:
+        if self.request is None:
+            raise ValueError("close without an open request")
+        self.attach()
+        t0 = time.perf_counter()
+        if self.offset > self.frontier.end:
+            self._advance(self.offset)
+        if self.frontier is not self.root:
+            self._page_out(self.frontier)
+        self._compact()
+        self.touch(self.frontier)
+        stats, self.request = self.request.stats, None
+        before = self.evictions
+        self._evict()
+        stats.evictions += self.evictions - before
+        self.bookkeeping_s += time.perf_counter() - t0
+        self._checked("close")
+        return stats
+
+    # ------------------------------------------------ compaction, eviction
+    def _compact(self) -> None:
+        i = 1
+        while i < len(self.path) - 1:
+            n = self.path[i]
+            if not n.user and len(n.children) == 1:
+                self.path.remove(next(iter(n.children.values())))
+                self.trie.merge_with_child(n)
+            else:
+                i += 1
+        assert not self.check or not [n for n in self.path[1:-1] if not n.user and len(n.children) == 1], \
+            "P2: compaction left a non-user single-child node on the active path"
+
+    def evictable(self, n: Node) -> bool:
+        """E2: all but the root, the frontier and branch points."""
+        return n is not self.root and n is not self.frontier and len(n.children) < 2
+
+    def evict_order(self, n: Node) -> tuple:
+        return (n.last_used, -n.end, -n.bytes(), n.path_keys())
+
+    def _victim(self) -> Node | None:
+        best, ties = None, []
+        for n in walk(self.root):
+            if not self.evictable(n):
+                continue
+            k = (n.last_used, -n.end, -n.bytes())
+            if best is None or k < best:
+                best, ties = k, [n]
+            elif k == best:
+                ties.append(n)
+        if not ties:
+            return None
+        return ties[0] if len(ties) == 1 else min(ties, key=lambda n: n.path_keys())
+
+    def _evict(self) -> None:
+        while self.trie.counter > self.budget:
+            v = self._victim()
+            if v is None:
+                return
+            self.evictions += 1
+            if v.children:                                   # E4
+                child = next(iter(v.children.values()))
+                if child in self.path:
+                    self.path.remove(child)
+                self.trie.merge_with_child(v)
+            else:
+                self.trie.remove_leaf(v)
+                self._compact()                              # P2: its parent may be left with one child
+
+    def set_budget(self, budget: int) -> None:
+        if budget < 0:
+            raise ValueError(f"budget {budget} < 0")
+        self.budget = budget
+        self._evict()
+        self._checked("set_budget")
+
+    # ------------------------------------------------------------ dumps
+    def dump(self) -> str:
+        """A readable tree: offsets, token count, bytes, flags, age."""
+        now, active = time.monotonic(), set(map(id, self.path))
+        lines = [f"prefix cache: offset {self.offset}, paged out {self.counter} B "
+                 f"(budget {self.budget}), nodes {len(self.trie.nodes())}"]
+
+        def visit(n: Node, depth: int) -> None:
+            kinds = "".join("-" if s is None else ("k" if s.kind == "kv" and not s.lazy else
+                            "v" if s.kind == "kv" else "w" if s.kind == "windowed" else "r")
+                            for s, c in zip(n.snaps, self.caches) if c is not None)
+            flags = [f for f, on in (("user", n.user), ("active", id(n) in active),
+                                     ("frontier", n is self.frontier)) if on]
+            label = "root" if n is self.root else f"[{n.start},{n.end}) {len(n.edge)}t {n.bytes()}B {kinds}"
+            lines.append("  " * depth + f"{label} age {now - n.used_at:.3f}s" + (f" ({', '.join(flags)})" if flags else ""))
+            for c in n.children.values():
+                visit(c, depth + 1)
+        visit(self.root, 0)
+        return "\n".join(lines)
+
+    def dump_json(self) -> dict:
+        now, active = time.monotonic(), set(map(id, self.path))
+
+        def node(n: Node) -> dict:
+            return {"start": n.start, "end": n.end, "tokens": len(n.edge), "bytes": n.bytes(),
+                    "user": n.user, "active": id(n) in active, "last_used": n.last_used,
+                    "age_s": round(now - n.used_at, 6),
+                    "snapshots": [None if s is None else {"kind": s.kind, "start": s.start, "end": s.end,
+                                                          "lazy": s.lazy, "bytes": s.size} for s in n.snaps],
+                    "children": [node(c) for c in n.children.values()]}
+        return {"offset": self.offset, "paged_out": self.counter, "budget": self.budget,
+                "clock": self.clock, "root": node(self.root)}

@@ -1,0 +1,54 @@
+"""The abstraction function: impl's prefix cache (on tracer caches) as a
+spec PrefixCache, and a canonical plain form of either for comparison."""
+from __future__ import annotations
+
+from spec.cache import PrefixCache as SpecCache, Request as SpecRequest
+from spec.trie import Node as SpecNode, Snap, state_content
+
+
+def abstract(pc, layers, tracer, chunk: int) -> SpecCache:
+    sp = SpecCache(layers, budget=pc.budget, interval=pc.interval, near_end=pc.near_end, chunk=chunk)
+    mapped = {}
+
+    def build(n, parent):
+        m = SpecNode(edge=tuple(n.edge), start=n.start, parent=parent, last_used=n.last_used, user=n.user)
+        mapped[id(n)] = m
+        keys = m.path_keys()
+        for i, s in enumerate(n.snaps):
+            if s is None:
+                continue
+            expected = state_content(layers[i], keys[:s.end])
+            snap = Snap(layer=i, kind=s.kind, start=s.start, end=s.end, lazy=s.lazy,
+                        content=tracer.snap(i, s, expected))
+            snap.size = s.size
+            m.snaps[i] = snap
+            sp.store.created.append(snap)
+        for c in n.children.values():
+            m.children.append(build(c, m))
+        return m
+
+    sp.store.root = build(pc.root, None)
+    sp.store.counter = pc.counter
+    sp.path = [mapped[id(n)] for n in pc.path]
+    sp.offset = pc.offset
+    sp.seq = list(pc.seq)
+    sp.clock = pc.clock
+    sp.live = [() if c is None else tracer.live(i, tuple(pc.seq)) for i, c in enumerate(tracer.caches)]
+    r = pc.request
+    if r is not None:
+        sp.request = SpecRequest(keys=r.keys, spans=list(r.spans), matched=r.matched, resume=r.resume,
+                                 schedule=[], base=r.resume, chunks=list(r.chunks), prefilled=r.prefilled)
+    return sp
+
+
+def canon(pc) -> dict:
+    """A plain, comparable form of a spec PrefixCache (or an abstraction)."""
+    def node(n):
+        snaps = tuple((i, s.kind, s.start, s.end, s.lazy, s.content, getattr(s, "size", None) or s.nbytes(pc.layers[i]))
+                      for i, s in sorted(n.snaps.items()))
+        return (n.start, tuple(n.edge), n.user, n.last_used, snaps,
+                tuple(node(c) for c in sorted(n.children, key=lambda c: repr(c.edge[0]))))
+    r = pc.request
+    return {"offset": pc.offset, "seq": tuple(pc.seq), "counter": pc.store.counter, "clock": pc.clock,
+            "path": tuple(n.end for n in pc.path), "tree": node(pc.root), "live": tuple(pc.live),
+            "request": None if r is None else (r.matched, r.resume, tuple(r.chunks), r.prefilled)}
