@@ -135,7 +135,7 @@ class LayerCache:
     def merge(self, a: Optional[Snapshot], b: Optional[Snapshot]) -> Optional[Snapshot]:
         raise NotImplementedError
 
-    def split(self, snap: Snapshot, at: int):
+    def split(self, snap: Optional[Snapshot], at: int):
         raise NotImplementedError
 
     def free(self) -> None:

@@ -274,7 +274,9 @@ class KVCache(LayerCache):
         b.close()
         return merged
 
-    def split(self, snap: KVSnapshot, at: int):
+    def split(self, snap: Optional[KVSnapshot], at: int):
+        if snap is None:
+            return None, None
         self._check_snapshot(snap)
         if not isinstance(at, int) or not snap.start < at < snap.end:
             raise CacheError(f"split point {at!r} is not strictly inside [{snap.start},{snap.end})")

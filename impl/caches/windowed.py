@@ -277,7 +277,9 @@ class WindowedCache(LayerCache):
         self._close_quietly(a)
         return b
 
-    def split(self, snap: WindowSnapshot, at: int):
+    def split(self, snap: Optional[WindowSnapshot], at: int):
+        if snap is None:
+            return None, None
         self._check_snapshot(snap)
         if not isinstance(at, int) or not 0 < at < snap.end:
             raise CacheError(f"split point {at!r} is not strictly inside (0, {snap.end})")
