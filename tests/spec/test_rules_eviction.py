@@ -1,0 +1,95 @@
+"""Scenario tests for E1-E5: budget, protection, order, leaf removal vs
+merge, and rewinding to an evicted turn."""
+from __future__ import annotations
+
+from conftest import KV_REC, PURE_KV, begin, ok, run, tree
+
+from spec.cache import PrefixCache
+from spec.rules import e2_evictable, e3_victim
+
+
+def conversation(pc, turns):
+    """A chat: each prompt is the whole history plus a new user turn."""
+    conv, counters = [], []
+    for t in range(turns):
+        prompt = conv + [100 + t, 1, 5, 6]
+        gen = [200 + t, 2, 3]
+        run(pc, prompt, gen)
+        counters.append(pc.store.counter)
+        conv = prompt + gen
+    return conv, counters
+
+
+def test_e1_e2_long_conversation_plateaus_at_the_budget():
+    pc = PrefixCache(KV_REC, budget=40, near_end=2)
+    _, counters = conversation(pc, 12)
+    assert counters[:4] == [20, 30, 40, 40] and max(counters) == 40
+    assert pc.store.counter <= pc.budget
+    assert tree(pc) == [
+        "[0,65) " + " ".join(map(str, pc.path[1].edge)) + " | 0:kv~ 1:rec | user",
+        "  [65,72) 5 6 209 2 3 110 1 | 0:kv~ 1:rec | user",
+        "    [72,79) 5 6 210 2 3 111 1 | 0:kv~ 1:rec | user",
+        "      [79,83) 5 6 211 2 | 0:kv~ 1:rec *",
+    ]
+
+
+def test_e2_only_root_frontier_and_branch_points_are_protected():
+    pc = PrefixCache(PURE_KV, near_end=0)
+    run(pc, [1, 2, 3, 4, 5], [6])
+    run(pc, [1, 2, 3, 9, 9], [6])
+    branch = pc.root.children[0]
+    assert len(branch.children) == 2
+    protected = [n for n in pc.store.nodes() if not e2_evictable(pc, n)]
+    assert protected == [pc.root, branch, pc.frontier]
+    assert all(pc.evictable(n) == e2_evictable(pc, n) for n in pc.store.nodes())
+
+
+def test_e3_least_recently_used_then_deeper_then_larger():
+    pc = PrefixCache(PURE_KV, near_end=0)
+    run(pc, [1, 2, 3], [4, 4])        # oldest
+    run(pc, [5, 6, 7, 8], [8, 8])
+    run(pc, [9, 9, 9], [9, 9])        # frontier, protected
+    first, second = pc.root.children[:2]
+    assert [(n.start, n.end) for n in (first, second)] == [(0, 4), (0, 5)]
+    assert e3_victim(pc, first) == []                      # least recently used
+    second.last_used = first.last_used
+    assert e3_victim(pc, second) == []                     # tie on time: the deeper (ends at 5) first
+    assert pc.node_bytes(first) == 12
+    first.snaps[0].lazy = True                             # (probe only) same time and depth, smaller
+    first.edge, first.last_used = first.edge + (0,), second.last_used
+    assert pc.evict_order(second) < pc.evict_order(first)  # tie on time and depth: the larger first
+    first.snaps[0].lazy, first.edge = False, first.edge[:-1]
+    pc.set_budget(0)
+    ok(pc)
+    assert tree(pc) == ["[0,4) 9 9 9 9 | 0:kv~ 1:kv~ *"]
+
+
+def test_e4_leaf_removed_single_child_merged():
+    pc = PrefixCache(KV_REC)                               # near_end 4: a user node at 2
+    run(pc, [1, 2, 3, 4, 5, 6], [7, 7])
+    run(pc, [9, 9, 9], [9, 9])
+    assert tree(pc) == [
+        "[0,2) 1 2 | 0:kv 1:rec | user",
+        "  [2,7) 3 4 5 6 7 | 0:kv 1:rec",
+        "[0,4) 9 9 9 9 | 0:kv~ 1:rec *",
+    ]
+    pc.set_budget(pc.store.counter - 1)                    # the user node has one child: merged into it
+    ok(pc)
+    assert tree(pc) == ["[0,7) 1 2 3 4 5 6 7 | 0:kv 1:rec", "[0,4) 9 9 9 9 | 0:kv~ 1:rec *"]
+    assert pc.store.counter == 34                          # the head's recurrent state (10) is gone
+    pc.set_budget(0)                                       # now a leaf: removed
+    ok(pc)
+    assert tree(pc) == ["[0,4) 9 9 9 9 | 0:kv~ 1:rec *"]
+
+
+def test_e5_rewinding_to_an_evicted_turn_resumes_at_the_newest_surviving_checkpoint():
+    pc = PrefixCache(KV_REC, budget=40, near_end=2)
+    conv, _ = conversation(pc, 6)
+    ends = [n.end for n in pc.path[1:]]
+    assert ends == [23, 30, 37, 41]                        # turn checkpoints 2, 9, 16 were folded away
+    matched, resume = begin(pc, conv[:30] + [77])
+    assert (matched, resume) == (30, 30)
+    pc.close()
+    ok(pc)
+    matched, resume = begin(pc, conv[:16] + [77])          # turn 3's checkpoint at 16 is gone
+    assert (matched, resume) == (16, 0)

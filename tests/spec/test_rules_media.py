@@ -1,0 +1,65 @@
+"""Scenario tests for M1-M3: non-causal media items are evaluated in one
+forward, captures land at their end, resumes at their start; causal items
+carry no restriction."""
+from __future__ import annotations
+
+from conftest import KV_REC, PURE_KV, begin, finish, ok, tree
+
+from spec.cache import PrefixCache
+from spec.media import FOLD_BIT, MediaItem
+
+IMG = MediaItem(pos=2, length=4, data=b"img")
+TOKENS = [1, 2, 0, 0, 0, 0, 7, 8]
+
+
+def test_m1_chunk_never_ends_inside_a_noncausal_item():
+    pc = PrefixCache(KV_REC, chunk=2, near_end=0)
+    begin(pc, TOKENS, [IMG])
+    pc.prefill()
+    ok(pc)
+    assert pc.request.chunks == [(0, 2), (2, 6), (6, 7)]     # 2 -> 4 extended to the item's end
+    finish_rest(pc, TOKENS, [9])
+
+
+def test_m1_causal_item_may_be_split():
+    pc = PrefixCache(KV_REC, chunk=2, near_end=0)
+    begin(pc, TOKENS, [MediaItem(pos=2, length=4, data=b"img", causal=True)])
+    pc.prefill()
+    ok(pc)
+    assert pc.request.chunks == [(0, 2), (2, 4), (4, 6), (6, 7)]
+    finish_rest(pc, TOKENS, [9])
+
+
+def test_m2_capture_inside_an_item_lands_at_its_end():
+    pc = PrefixCache(KV_REC, chunk=2, near_end=3)
+    begin(pc, TOKENS, [IMG])
+    assert pc.request.schedule == [(6, True)]                # 8 - 3 = 5 is inside [2, 6)
+    finish(pc, TOKENS, [9, 10])
+    fold = IMG.fold
+    assert fold & FOLD_BIT
+    assert tree(pc) == [
+        f"[0,6) 1 2 {fold} {fold} {fold} {fold} | 0:kv~ 1:rec | user",
+        "  [6,9) 7 8 9 | 0:kv~ 1:rec *",
+    ]
+
+
+def test_m3_match_ending_inside_an_item_resumes_at_its_start():
+    pc = PrefixCache(PURE_KV, near_end=0)
+    begin(pc, TOKENS, [IMG])
+    finish(pc, TOKENS, [9, 10])
+    # the same media bytes in a longer item: keys agree for 4 positions, then diverge inside it
+    longer = MediaItem(pos=2, length=6, data=b"img")
+    tokens = [1, 2, 0, 0, 0, 0, 0, 0, 5]
+    matched, resume = begin(pc, tokens, [longer])
+    assert (matched, resume) == (2, 2)
+    assert pc.frontier.end == 2
+    finish(pc, tokens, [6])
+    assert all(not isinstance(k, type(None)) for k in pc.seq)
+
+
+def finish_rest(pc, tokens, gen):
+    pc.step(tokens[-1])
+    for g in gen[:-1]:
+        pc.step(g)
+    pc.close()
+    ok(pc)
