@@ -146,9 +146,11 @@ def p1_split_at_live(pc):
 
 
 def p2_compacted(pc):
-    """P2 (operation-level: true right after compaction, before eviction can
-    leave a node with one child): no active-path node but root and frontier
-    is a non-user node with exactly one child."""
+    """P2: at rest, no active-path node but root and frontier is a non-user
+    node with exactly one child (compaction merged it; eviction compacts
+    after removing a leaf, so it holds after eviction too)."""
+    if phase(pc) != "idle":
+        return []
     return [Violation("P2", where(n), "non-user single-child node left on the active path")
             for n in pc.path[1:-1] if not n.user and len(n.children) == 1]
 
@@ -225,7 +227,7 @@ def c1_cold_equivalence(pc):
 
 
 STATIC = (t1_offsets, t2_siblings, t3_one_offset, s1_kv_exact, s2_whole_state_at_end, s3_frontier_complete,
-          m_media, p1_split_at_live, e1_budget, a1_counter, a2_ownership, c1_cold_equivalence)
+          m_media, p1_split_at_live, p2_compacted, e1_budget, a1_counter, a2_ownership, c1_cold_equivalence)
 
 
 def check(pc) -> list:
