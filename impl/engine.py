@@ -1,0 +1,242 @@
+"""The request pipeline: a model, its live layer caches and the prefix cache.
+
+generate() runs REFERENCE section 2 end to end: validate, begin, prefill in
+chunks (cut where whole-state captures need a forward boundary, never ending
+inside a non-causal media item), decode, close.
+
+Invariants kept here:
+  - Bad input is rejected before anything changes: the trie, the live caches
+    and the byte counter stay exactly as they were (BadRequest names it).
+  - Every evaluated key is reported to the prefix cache right after its
+    forward, so the caches never rest ahead of what the trie will store;
+    the last produced token is never fed back (it is not in the cache).
+  - A cancel between chunks (or decode steps) stops the request; close()
+    still runs and keeps every capture the prefill crossed.
+  - Media features enter through the model's embedding layer and
+    non-causal spans through the caches' masks, for this forward only.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from impl.caches.factory import forward
+from impl.media import TOKEN_LIMIT, BadRequest, Media, check_media, prompt_keys, spans as noncausal
+from impl.memory import mlx_memory
+from impl.prefix_cache import PrefixCache, Stats
+
+ROLES = ("system", "user", "assistant")
+
+
+class MediaEmbedding(nn.Module):
+    """Wraps a model's token embedding; for one forward, positions covered by
+    media items take the items' features instead."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.patch = None        # (mask [1, n, 1], features [1, n, hidden]) or None
+
+    def __call__(self, x):
+        h = self.inner(x)
+        if self.patch is not None:
+            mask, feats = self.patch
+            h = mx.where(mask, feats.astype(h.dtype), h)
+        return h
+
+    def as_linear(self, x):
+        return self.inner.as_linear(x)
+
+
+def _install_media_embedding(model) -> MediaEmbedding:
+    for owner_name in ("model", "backbone", "language_model"):
+        owner = getattr(model, owner_name, None)
+        if owner is None:
+            continue
+        for attr in ("embed_tokens", "embeddings"):
+            emb = getattr(owner, attr, None)
+            if isinstance(emb, MediaEmbedding):
+                return emb
+            if emb is not None:
+                wrapped = MediaEmbedding(emb)
+                setattr(owner, attr, wrapped)
+                return wrapped
+    raise TypeError(f"cannot find the token embedding of {type(model).__module__}")
+
+
+def greedy(logits: mx.array) -> int:
+    return int(mx.argmax(logits[0, -1]).item())
+
+
+@dataclass
+class Result:
+    tokens: list
+    text: str
+    stats: Stats
+    first_logits: mx.array | None = None
+    cancelled: bool = False
+    prompt_tokens: int = 0
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+    forward_s: float = 0.0
+    bookkeeping_s: float = 0.0
+    timings: dict = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, loaded, budget_bytes: int = 1 << 62, *, chunk_size: int = 64, capture_interval: int = 256,
+                 near_end: int = 4, check_rules: bool = False):
+        if budget_bytes < 0:
+            raise BadRequest(f"budget {budget_bytes} < 0")
+        if chunk_size <= 0:
+            raise BadRequest(f"chunk size {chunk_size} <= 0")
+        self.loaded = loaded
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        self.chunk_size = chunk_size
+        self.caches = loaded.make_caches()
+        self.pc = PrefixCache(self.caches, budget=budget_bytes, interval=capture_interval, near_end=near_end,
+                              check=check_rules)
+        self.embedding = _install_media_embedding(self.model)
+        w = self.embedding.inner.weight
+        self.hidden = w.shape[-1]
+        self.feature_scale = float(mx.std(w[:256].astype(mx.float32)).item()) if w.dtype != mx.uint32 else 0.02
+
+    # ------------------------------------------------------------ input
+    def tokens_of(self, prompt) -> list:
+        if isinstance(prompt, str):
+            raise BadRequest("prompt must be token ids or chat messages, not a bare string")
+        prompt = list(prompt)
+        if prompt and all(isinstance(m, dict) for m in prompt):
+            for i, m in enumerate(prompt):
+                if m.get("role") not in ROLES:
+                    raise BadRequest(f"message {i} has unknown role {m.get('role')!r}; known: {ROLES}")
+                if not isinstance(m.get("content"), str):
+                    raise BadRequest(f"message {i} has no text content")
+            return list(self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True))
+        return prompt
+
+    def validate(self, tokens, media, max_tokens) -> list:
+        if len(tokens) == 0:
+            raise BadRequest("empty prompt: a request needs at least one token")
+        if len(tokens) >= self.loaded.context_length:
+            raise BadRequest(f"prompt of {len(tokens)} tokens is at or over the context length "
+                             f"{self.loaded.context_length}")
+        for i, t in enumerate(tokens):
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < self.loaded.vocab_size:
+                raise BadRequest(f"token id {t!r} at position {i} is outside the vocabulary "
+                                 f"[0, {self.loaded.vocab_size})")
+        if not isinstance(max_tokens, int) or max_tokens < 0:
+            raise BadRequest(f"max_tokens {max_tokens!r} must be an int >= 0")
+        return check_media(media, len(tokens))
+
+    # ---------------------------------------------------------- forward
+    def _forward(self, tokens, p: int, media, request_spans) -> mx.array:
+        q = p + len(tokens)
+        hits = [m for m in media if m.pos < q and p < m.end]
+        if hits:
+            mask = np.zeros((1, q - p, 1), dtype=bool)
+            feats = np.zeros((1, q - p, self.hidden), dtype=np.float32)
+            for m in hits:
+                a, b = max(p, m.pos), min(q, m.end)
+                mask[0, a - p:b - p] = True
+                feats[0, a - p:b - p] = m.features(self.hidden, self.feature_scale)[a - m.pos:b - m.pos]
+            self.embedding.patch = (mx.array(mask), mx.array(feats))
+        for c in self.caches:
+            if c is not None:
+                c.attention_spans = request_spans
+        try:
+            logits = forward(self.model, mx.array([list(map(int, tokens))]), self.caches)
+            mx.eval(logits, *[a for c in self.caches if c is not None for a in _arrays(c)])
+        finally:
+            self.embedding.patch = None
+            for c in self.caches:
+                if c is not None:
+                    c.attention_spans = []
+        return logits
+
+    # --------------------------------------------------------- generate
+    def generate(self, prompt, max_tokens: int = 16, media=(), sampler=greedy, cancel=None, on_token=None,
+                 stop_at_eos: bool = True) -> Result:
+        t0 = time.perf_counter()
+        tokens = self.tokens_of(prompt)
+        media = self.validate(tokens, media, max_tokens)
+        keys, spans = prompt_keys(tokens, media), noncausal(media)
+        cancel = cancel or (lambda: False)
+        book0 = self.pc.bookkeeping_s
+        self.pc.begin(keys, spans)
+        produced, first_logits, cancelled, ttft, fwd = [], None, False, 0.0, 0.0
+        try:
+            while (chunk := self.pc.next_chunk(self.chunk_size)) is not None:
+                if cancel():
+                    cancelled = True
+                    break
+                p, q = chunk
+                f0 = time.perf_counter()
+                self._forward(tokens[p:q], p, media, spans)
+                fwd += time.perf_counter() - f0
+                self.pc.evaluated(keys[p:q])
+            if not cancelled:
+                self.pc.prefilled()
+                n = len(tokens)
+                if max_tokens > 0:
+                    f0 = time.perf_counter()
+                    logits = self._forward(tokens[n - 1:], n - 1, media, spans)
+                    fwd += time.perf_counter() - f0
+                    self.pc.evaluated(keys[n - 1:])
+                    first_logits = logits[0, -1]
+                    while True:
+                        tok = sampler(logits)
+                        produced.append(tok)
+                        if len(produced) == 1:
+                            ttft = time.perf_counter() - t0
+                        if on_token is not None:
+                            on_token(tok)
+                        if len(produced) >= max_tokens or (stop_at_eos and tok == self.eos) or cancel():
+                            cancelled = cancelled or (len(produced) < max_tokens and tok != self.eos)
+                            break
+                        f0 = time.perf_counter()
+                        logits = self._forward([tok], self.pc.offset, (), [])
+                        fwd += time.perf_counter() - f0
+                        self.pc.evaluated([tok])
+        finally:
+            stats = self.pc.close()
+        text = self.tokenizer.decode(produced) if produced else ""
+        total = time.perf_counter() - t0
+        return Result(tokens=produced, text=text, stats=stats, first_logits=first_logits, cancelled=cancelled,
+                      prompt_tokens=len(tokens), ttft_s=ttft or total, total_s=total, forward_s=fwd,
+                      bookkeeping_s=self.pc.bookkeeping_s - book0)
+
+    @property
+    def eos(self) -> int | None:
+        return getattr(self.tokenizer, "eos_token_id", None)
+
+    # ------------------------------------------------------------ state
+    def set_budget(self, budget_bytes: int) -> None:
+        if budget_bytes < 0:
+            raise BadRequest(f"budget {budget_bytes} < 0")
+        self.pc.set_budget(budget_bytes)
+
+    def memory(self) -> dict:
+        live = sum(c.nbytes for c in self.caches if c is not None)
+        return {"weights": self.loaded.weight_bytes, "live_caches": live, "paged_out": self.pc.counter,
+                "budget": self.pc.budget, **{f"mlx_{k}": v for k, v in mlx_memory().items()}}
+
+    def dump(self) -> str:
+        return self.pc.dump()
+
+    def dump_json(self) -> dict:
+        return self.pc.dump_json()
+
+
+def _arrays(cache):
+    for name in ("keys", "values"):
+        a = getattr(cache, name, None)
+        if isinstance(a, mx.array):
+            yield a
+    for a in getattr(cache, "cache", None) or ():
+        if isinstance(a, mx.array):
+            yield a
