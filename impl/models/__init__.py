@@ -38,22 +38,21 @@ class LoadedModel:
 
 _loaded: dict[str, LoadedModel] = {}
 _lock = threading.Lock()
-_smol: Optional[tuple] = None
-
-
-def _smollm2():
-    global _smol
-    if _smol is None:
-        from . import smollm2
-
-        model, meta = smollm2.load_weights()
-        _smol = (model, smollm2.load_tokenizer(meta), meta)
-    return _smol
+_tokenizer = None
 
 
 def shared_tokenizer():
-    """The SmolLM2 GGUF tokenizer (shared by every model)."""
-    return _smollm2()[1]
+    """The SmolLM2 GGUF tokenizer (shared by every model), built from the GGUF metadata only."""
+    global _tokenizer
+    if _tokenizer is None:
+        import mlx.core as mx
+
+        from . import smollm2
+
+        arrays, meta = mx.load(str(smollm2.gguf_path()), return_metadata=True)
+        del arrays
+        _tokenizer = smollm2.load_tokenizer(meta)
+    return _tokenizer
 
 
 def load(name: str) -> LoadedModel:
@@ -66,7 +65,10 @@ def load(name: str) -> LoadedModel:
         from impl.memory import release_pool
 
         if name == "smollm2":
-            model, tok, _meta = _smollm2()
+            from . import smollm2
+
+            model, _meta = smollm2.load_weights()
+            tok = shared_tokenizer()
             context = model.args.max_position_embeddings
             vocab = model.args.vocab_size
         else:

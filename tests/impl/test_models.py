@@ -1,0 +1,184 @@
+"""The real small models: loading (no hub), tokenizer, chat, A3 pool release, forward driver rules."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from impl.caches import CacheError, forward, make_layer_caches
+from impl.memory import mlx_memory, release_pool
+from impl.models import MODEL_NAMES, hybrid, load, shared_tokenizer
+
+FAST = ["gemma3", "qwen3next", "mamba2"]
+KINDS = {
+    "gemma3": ["windowed", "kv", "windowed", "kv"],
+    "qwen3next": ["recurrent", "kv", "recurrent", "kv"],
+    "mamba2": ["recurrent", "recurrent"],
+}
+
+
+def test_model_names():
+    assert MODEL_NAMES == ("smollm2", "gemma3", "qwen3next", "mamba2")
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_hybrid_models_load_small_float32(name):
+    lm = load(name)
+    assert lm is load(name)  # cached per process
+    assert lm.layer_kinds == KINDS[name]
+    assert lm.vocab_size == 49152 and lm.context_length == 8192
+    params = tree_flatten(lm.model.parameters())
+    assert all(v.dtype == mx.float32 for _, v in params)
+    assert lm.n_params == sum(v.size for _, v in params) < 5_000_000
+    assert lm.weight_bytes == 4 * lm.n_params
+    assert lm.tokenizer is shared_tokenizer()
+    if name == "gemma3":
+        assert lm.model.args.sliding_window == hybrid.WINDOW
+
+
+def test_a3_pool_released_after_load(monkeypatch):
+    import impl.models as models
+
+    monkeypatch.setattr(models, "_loaded", {})  # force a real load in this process
+    x = mx.ones((1024, 1024))
+    mx.eval(x)
+    del x
+    assert mlx_memory()["cache"] > 0  # freed bytes sit in the allocator pool
+    lm = models.load("mamba2")
+    assert mlx_memory()["cache"] == 0  # load() released the pool: only weights stay held (A3)
+    assert mlx_memory()["active"] >= lm.weight_bytes
+    release_pool()
+    assert mlx_memory()["cache"] == 0
+
+
+def test_hybrid_generation_is_deterministic_mlx_lm_format(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFIX_TRIE_CACHE", str(tmp_path))
+    path = hybrid.model_dir("mamba2")
+    hybrid.generate("mamba2", path)
+    config = json.loads((path / "config.json").read_text())
+    assert config["model_type"] == "mamba2"
+    fresh = mx.load(str(path / "model.safetensors"))
+    monkeypatch.delenv("PREFIX_TRIE_CACHE")
+    cached = dict(tree_flatten(load("mamba2").model.parameters()))
+    assert fresh.keys() == cached.keys()
+    for k in fresh:
+        assert mx.array_equal(fresh[k], cached[k]), k
+
+
+def test_tokenizer_from_gguf():
+    tok = shared_tokenizer()
+    ids = tok.encode("Hello world 42 <|im_start|>user")
+    assert tok.decode(ids) == "Hello world 42 <|im_start|>user"
+    assert tok.token_to_id("<|im_start|>") in ids  # control token is one id, not split
+    assert tok.eos_token_id == tok.token_to_id("<|im_end|>")
+    chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
+    text = tok.decode(chat)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.slow
+def test_smollm2_answers_paris(smollm2):
+    lm = smollm2
+    assert lm.layer_kinds == ["kv"] * 30
+    assert 130e6 < lm.n_params < 140e6
+    tok = lm.tokenizer
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    caches = make_layer_caches(lm.model)
+    logits = forward(lm.model, prompt, caches)[0, -1]
+    out = []
+    for _ in range(24):
+        t = int(mx.argmax(logits).item())
+        if t == tok.eos_token_id:
+            break
+        out.append(t)
+        logits = forward(lm.model, [t], caches)[0, -1]
+    answer = tok.decode(out)
+    assert "Paris" in answer, answer
+    assert mlx_memory()["cache"] >= 0
+
+
+@pytest.mark.parametrize("name", ["gemma3", pytest.param("smollm2", marks=pytest.mark.slow)])
+def test_input_embeddings_equal_token_forward(name, models):
+    lm = models[name]
+    toks = mx.array([5, 17, 300, 4000, 9, 11])
+    a = forward(lm.model, toks, make_layer_caches(lm.model))
+    emb = lm.model.model.embed_tokens(toks)
+    b = forward(lm.model, emb, make_layer_caches(lm.model))
+    assert mx.array_equal(a, b)
+
+
+def test_embeddings_refused_where_unsupported():
+    lm = load("mamba2")
+    with pytest.raises(CacheError, match="input_embeddings"):
+        forward(lm.model, mx.zeros((3, 64)), make_layer_caches(lm.model))
+
+
+@pytest.mark.parametrize("name", ["qwen3next", "gemma3", "mamba2"])
+def test_forward_refuses_whole_state_capture_inside(name):
+    lm = load(name)
+    caches = make_layer_caches(lm.model)
+    for c in caches:
+        c.prepare_captures([4])
+    with pytest.raises(CacheError, match="4"):
+        forward(lm.model, list(range(10, 20)), caches)
+    assert all(c.offset == 0 for c in caches)  # refused before the model ran
+    forward(lm.model, list(range(10, 14)), caches)
+    forward(lm.model, list(range(14, 20)), caches)
+    caps = [c.take_captures()[0] for c in caches]
+    assert all(s is not None and s.end == 4 for s in caps)
+    for s in caps:
+        s.close()
+
+
+def test_attention_spans_make_an_item_bidirectional():
+    lm = load("gemma3")
+    toks = list(range(100, 112))
+    plain = forward(lm.model, toks, make_layer_caches(lm.model))[0]
+    caches = make_layer_caches(lm.model)
+    for c in caches:
+        c.attention_spans = [(4, 8)]
+    spanned = forward(lm.model, toks, caches)[0]
+    d = np.abs(np.array(plain - spanned)).max(axis=-1)
+    assert (d[:4] == 0).all()  # positions before the item are unaffected
+    assert (d[4:7] > 0).all()  # positions inside see the later positions of their item
+
+
+def test_memory_returns_to_baseline_after_snapshots():
+    lm = load("qwen3next")
+    release_pool()
+    mx.synchronize()
+    base = mx.get_active_memory()
+    caches = make_layer_caches(lm.model)
+    for c in caches:
+        c.prepare_captures([8, 16])
+    for a, b in ((0, 8), (8, 16), (16, 30)):
+        forward(lm.model, list(range(a + 50, b + 50)), caches)
+    snaps = [s for c in caches for s in c.take_captures()] + [c.snapshot(16) for c in caches]
+    merged = [c.merge(a, b) for c, a, b in zip(caches, snaps[0::2][:4], snaps[1::2][:4])]
+    for c in caches:
+        c.free()
+    for s in snaps + merged:
+        if s is not None and not s.closed:
+            s.close()
+    del snaps, merged, caches
+    mx.synchronize()
+    assert mx.get_active_memory() <= base
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_drop_in_for_mlx_lm_generate(name):
+    """mlx-lm's own generation loop runs on our caches and yields the stock caches' tokens."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import make_prompt_cache
+
+    lm = load(name)
+    prompt = mx.array(list(range(300, 340)))
+
+    def run(cache):
+        return [int(t) for t, _ in generate_step(prompt, lm.model, prompt_cache=cache, max_tokens=12)]
+
+    assert run(make_layer_caches(lm.model)) == run(make_prompt_cache(lm.model))
