@@ -247,11 +247,11 @@ def test_real_engine_runner_serves_smollm2():
         assert m["mlx_cache"] == 0, m
         assert m["weights"] > 0
         prompt = [{"role": "user", "content": "Name a colour."}]
-        r1 = c.generate(prompt, 4)
-        assert r1["done"] and 1 <= len(r1["tokens"]) <= 4
+        r1 = c.generate(prompt, 3)
+        assert r1["done"] and 1 <= len(r1["tokens"]) <= 3
         assert r1["stats"]["total"] > 0
         r2 = c.generate(prompt + [{"role": "assistant", "content": r1["text"]},
-                                  {"role": "user", "content": "Another."}], 4)
+                                  {"role": "user", "content": "Another."}], 2)
         assert r2["stats"]["matched"] > 0, r2["stats"]
         assert isinstance(c.trie(), str)
     finally:

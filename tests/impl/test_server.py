@@ -37,18 +37,24 @@ def _runner_children():
 
 
 @pytest.fixture(autouse=True)
-def bounded_and_clean():
+def bounded():
     faulthandler.dump_traceback_later(120, exit=True)
     yield
     faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def clean_at_the_end():
+    yield
     left = _runner_children()
     for p in left:
         p.kill()
-    assert not left, f"runner processes survived the test: {left}"
+    assert not left, f"runner processes survived the module: {left}"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def server():
+    """One server for the module (its runner stays loaded between tests, as a server's would)."""
     sizes = {"a": 2 * MiB, "b": 3 * MiB}
 
     def factory(name):
@@ -106,7 +112,7 @@ def test_generate_streams_then_lists_trie_and_unloads(server):
     status, data = call(port, "POST", "/api/unload", {"model": "a"})
     assert status == 200 and json.loads(data) == {"model": "a", "unloaded": True}
     assert json.loads(call(port, "GET", "/api/ps")[1])["models"] == []
-    assert not _runner_children()
+    assert not [p for p in _runner_children() if "--model a" in " ".join(p.cmdline())]
 
 
 BAD = [

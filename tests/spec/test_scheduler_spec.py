@@ -411,7 +411,7 @@ def _swallow(fn, errors):
                     reason="crosshair-tool not installed")
 def test_crosshair_finds_no_counterexample_to_the_contracts():
     exe = os.path.join(os.path.dirname(sys.executable), "crosshair")
-    r = subprocess.run([exe, "check", "--per_condition_timeout=0.5", "spec/scheduler.py"],
+    r = subprocess.run([exe, "check", "--per_condition_timeout=0.25", "spec/scheduler.py"],
                        capture_output=True, text=True, timeout=60,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert r.returncode == 0, r.stdout + r.stderr
