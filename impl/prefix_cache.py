@@ -143,10 +143,7 @@ class PrefixCache:
         resume = self._resume(path, matched, common, spans)
         self._restore(path, resume, common)
         self.seq = list(keys[:resume])
-        self.path = [n for n in path if n.end <= resume]
-        inside = [n for n in path if n.start < resume < n.end]
-        if inside:                                           # P1
-            self.path.append(self.trie.split(inside[0], resume))
+        self.path = self._split_at_live(path, resume)
         self.touch(self.frontier)
         plan = schedule(len(keys), resume, matched, spans, self.interval, self.near_end)
         self.request = Request(keys, spans, matched, resume, plan)
@@ -159,6 +156,15 @@ class PrefixCache:
         self.bookkeeping_s += time.perf_counter() - t0
         self._checked("begin")
         return matched, resume
+
+    def _split_at_live(self, path: list, resume: int) -> list:
+        """P1: the active path up to the live offset; a node whose edge holds
+        the offset strictly inside is split there and its head ends the path."""
+        kept = [n for n in path if n.end <= resume]
+        inside = [n for n in path if n.start < resume < n.end]
+        if inside:
+            kept.append(self.trie.split(inside[0], resume))
+        return kept
 
     def _source(self, i: int, path: list, x: int, common: int):
         """Where whole-state layer i gets its state at x (see spec.cache.source)."""
