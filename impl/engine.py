@@ -129,7 +129,7 @@ class Engine:
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < self.loaded.vocab_size:
                 raise BadRequest(f"token id {t!r} at position {i} is outside the vocabulary "
                                  f"[0, {self.loaded.vocab_size})")
-        if not isinstance(max_tokens, int) or max_tokens < 0:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise BadRequest(f"max_tokens {max_tokens!r} must be an int >= 0")
         return check_media(media, len(tokens))
 
@@ -162,6 +162,9 @@ class Engine:
     def generate(self, prompt, max_tokens: int = 16, media=(), sampler=greedy, cancel=None, on_token=None,
                  stop_at_eos: bool = True) -> Result:
         t0 = time.perf_counter()
+        for name, fn in (("sampler", sampler), ("cancel", cancel), ("on_token", on_token)):
+            if fn is not None and not callable(fn):
+                raise BadRequest(f"{name} must be callable, got {fn!r}")
         tokens = self.tokens_of(prompt)
         media = self.validate(tokens, media, max_tokens)
         keys, spans = prompt_keys(tokens, media), noncausal(media)
