@@ -146,7 +146,7 @@ class FakeResult:
 
 
 class FakeTokenizer:
-    def decode(self, tokens):
+    def decode(self, tokens, skip_special_tokens=False):
         return "".join(f" t{t}" for t in tokens)
 
 
@@ -280,8 +280,13 @@ class TextStream:
     def _decode(self) -> str:
         if self.tokenizer is None or not hasattr(self.tokenizer, "decode"):
             return ""
-        try:
-            return self.tokenizer.decode(self.tokens)
+        try:   # control tokens (end of turn) are not text: a chat must not echo them back
+            return self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        except TypeError:
+            try:
+                return self.tokenizer.decode(self.tokens)
+            except Exception:
+                return ""
         except Exception:
             return ""
 
