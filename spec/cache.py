@@ -31,7 +31,8 @@ from spec.media import capture_ceiling, extend_chunk, keys_of, noncausal_spans, 
 from spec.trie import KV, WINDOWED, Broken, Node, Store, common_prefix, match, state_content
 
 
-def schedule(n: int, resume: int, matched: int, spans: list, interval: int, near_end: int) -> list:
+def schedule(n: int, resume: int, matched: int, spans: list[tuple[int, int]], interval: int,
+             near_end: int) -> list[tuple[int, bool]]:
     """Capture offsets for a prompt of n keys resumed at `resume`: the branch
     point (`matched`, when resume < matched; not user), periodic multiples of
     `interval` and n - near_end (user), moved off non-causal spans (M2), kept
@@ -56,7 +57,7 @@ def schedule(n: int, resume: int, matched: int, spans: list, interval: int, near
     return sorted((c, u) for c, u in wanted.items() if resume < c <= n - 1)
 
 
-def next_chunk_end(p: int, target: int, chunk: int, cuts: list, spans: list) -> int:
+def next_chunk_end(p: int, target: int, chunk: int, cuts: list[int], spans: list[tuple[int, int]]) -> int:
     """End of the prefill chunk starting at p: at most `chunk` keys, cut at
     the next scheduled capture when whole-state layers need a forward
     boundary there (`cuts`), then extended to the end of a non-causal span it

@@ -20,9 +20,13 @@ TOKEN_LIMIT = 1 << 31
 FOLD_BIT = 1 << 62
 
 
-def fold_key(data: bytes, dims: tuple = ()) -> int:
+def fold_key(data: bytes, dims: tuple[int, ...] = ()) -> int:
     """The key of every position of a media item: a hash of its bytes and
-    preprocessing dims, with FOLD_BIT set so it never equals a token id."""
+    preprocessing dims, with FOLD_BIT set so it never equals a token id.
+
+    post: __return__ & FOLD_BIT
+    post: TOKEN_LIMIT <= __return__ < 2 * FOLD_BIT
+    """
     digest = hashlib.sha256(bytes(data) + repr(tuple(dims)).encode()).digest()
     return FOLD_BIT | (int.from_bytes(digest[:8], "big") & (FOLD_BIT - 1))
 
@@ -82,7 +86,7 @@ def strictly_inside(x: int, pos: int, end: int) -> bool:
     return pos < x < end
 
 
-def resume_floor(x: int, spans: list) -> int:
+def resume_floor(x: int, spans: list[tuple[int, int]]) -> int:
     """M3: an offset strictly inside a non-causal span moves to its start.
 
     `spans` are the (pos, end) ranges of the non-causal items.
@@ -97,7 +101,7 @@ def resume_floor(x: int, spans: list) -> int:
     return x
 
 
-def capture_ceiling(x: int, spans: list) -> int:
+def capture_ceiling(x: int, spans: list[tuple[int, int]]) -> int:
     """M2: a capture scheduled strictly inside a non-causal span lands at its end.
 
     pre: all(0 <= p < e for (p, e) in spans)
@@ -111,7 +115,7 @@ def capture_ceiling(x: int, spans: list) -> int:
     return x
 
 
-def extend_chunk(end: int, spans: list) -> int:
+def extend_chunk(end: int, spans: list[tuple[int, int]]) -> int:
     """M1: a prefill chunk ending strictly inside a non-causal span is
     extended to the span's end, so the item is evaluated in one forward.
 

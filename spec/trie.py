@@ -22,6 +22,7 @@ Invariants kept here (each a predicate in spec.rules):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 KV, WINDOWED, RECURRENT = "kv", "windowed", "recurrent"
 
@@ -108,7 +109,7 @@ class Node:
         return tuple(k for edge in reversed(parts) for k in edge)
 
 
-def common_prefix(a, b) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """post: 0 <= __return__ <= min(len(a), len(b))
     post: all(a[i] == b[i] for i in range(__return__))
     post: __return__ == min(len(a), len(b)) or a[__return__] != b[__return__]
