@@ -252,7 +252,7 @@ class WindowedCache(LayerCache):
             if target == 0:
                 self.keys = self.values = None
                 self.offset = self._idx = 0
-            else:
+            elif target != self.offset:    # rewind inside an unwrapped window (rows are in order)
                 self.offset = self._idx = target
             return True
         if target == 0:
