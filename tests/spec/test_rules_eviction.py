@@ -44,24 +44,38 @@ def test_e2_only_root_frontier_and_branch_points_are_protected():
     assert all(pc.evictable(n) == e2_evictable(pc, n) for n in pc.store.nodes())
 
 
-def test_e3_least_recently_used_then_deeper_then_larger():
+def test_e3_least_recently_used_first():
     pc = PrefixCache(PURE_KV, near_end=0)
     run(pc, [1, 2, 3], [4, 4])        # oldest
-    run(pc, [5, 6, 7, 8], [8, 8])
+    run(pc, [5, 6, 7], [8, 8])
     run(pc, [9, 9, 9], [9, 9])        # frontier, protected
     first, second = pc.root.children[:2]
-    assert [(n.start, n.end) for n in (first, second)] == [(0, 4), (0, 5)]
-    assert e3_victim(pc, first) == []                      # least recently used
-    second.last_used = first.last_used
-    assert e3_victim(pc, second) == []                     # tie on time: the deeper (ends at 5) first
-    assert pc.node_bytes(first) == 12
-    first.snaps[0].lazy = True                             # (probe only) same time and depth, smaller
-    first.edge, first.last_used = first.edge + (0,), second.last_used
-    assert pc.evict_order(second) < pc.evict_order(first)  # tie on time and depth: the larger first
-    first.snaps[0].lazy, first.edge = False, first.edge[:-1]
-    pc.set_budget(0)
+    assert first.last_used < second.last_used
+    assert e3_victim(pc, first) == []
+    pc.set_budget(pc.store.counter - 1)
     ok(pc)
-    assert tree(pc) == ["[0,4) 9 9 9 9 | 0:kv~ 1:kv~ *"]
+    assert [n.edge for n in pc.root.children] == [(5, 6, 7, 8), (9, 9, 9, 9)]
+
+
+def test_e3_tie_on_time_deeper_first():
+    pc = PrefixCache(PURE_KV, near_end=0)
+    run(pc, [1, 2, 3], [4, 4])
+    run(pc, [9, 9, 9], [9, 9])
+    leaf = pc.root.children[0]
+    head = pc.store.split(leaf, 2)    # a split copies the time: head and tail tie on it
+    assert head.last_used == leaf.last_used
+    assert e3_victim(pc, leaf) == []  # the tail ends deeper
+
+
+def test_e3_tie_on_time_and_depth_larger_first():
+    pc = PrefixCache(PURE_KV, near_end=1)                  # user nodes at 4
+    run(pc, [1, 2, 3, 4, 0], [1])
+    run(pc, [5, 6, 7, 8, 0], [1])                          # overwrites the live rows: the first materialises
+    first, second = pc.root.children
+    assert (first.end, second.end) == (4, 4)
+    assert (pc.node_bytes(first), pc.node_bytes(second)) == (12, 0)
+    first.last_used = second.last_used                     # force the tie on time
+    assert pc.evict_order(first) < pc.evict_order(second)
 
 
 def test_e4_leaf_removed_single_child_merged():

@@ -9,7 +9,7 @@ after every begin, prefill, decode step and close.
 """
 from __future__ import annotations
 
-from hypothesis import given, note, settings
+from hypothesis import event, given, note
 from hypothesis import strategies as st
 
 from spec.cache import PrefixCache
@@ -19,7 +19,6 @@ from spec.trie import Layer, MergeError
 
 OPS = 20
 VOCAB = 6          # a tiny vocabulary: accidental shared prefixes everywhere
-STATS = {"examples": 0, "requests": 0, "checks": 0}
 
 layer_st = st.one_of(
     st.builds(Layer, st.just("kv"), st.integers(1, 3)),
@@ -38,7 +37,6 @@ tokens_st = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6)
 
 
 def assert_ok(pc, where):
-    STATS["checks"] += 1
     violations = check(pc)
     assert violations == [], f"after {where}: " + "; ".join(map(str, violations))
 
@@ -63,7 +61,6 @@ def test_no_rule_ever_fires(config, data):
                      near_end=config["near_end"], chunk=config["chunk"])
     convos = [[] for _ in range(3)]    # per conversation: list of (tokens, media, generated)
     current = 0
-    STATS["examples"] += 1
     for _ in range(data.draw(st.integers(1, OPS), label="ops")):
         op = data.draw(st.sampled_from(["extend", "extend", "extend", "regenerate", "edit", "switch", "budget"]),
                        label="op")
@@ -100,7 +97,7 @@ def test_no_rule_ever_fires(config, data):
         media = [m for m in media if m.end < len(tokens)]
         gen = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=4), label="generated")
         note(f"{op}: tokens={tokens} media={media} gen={gen}")
-        STATS["requests"] += 1
+        event(f"op: {op}")
 
         pc.begin(tokens, media)
         assert_ok(pc, "begin")
@@ -118,8 +115,3 @@ def test_no_rule_ever_fires(config, data):
         pc.close()
         assert_ok(pc, "close")
 
-
-def test_volume_report():
-    """Not a check: prints the volume of the property test above when run in
-    the same process (pytest -s)."""
-    print(f"\nspec property volume: {STATS}")
