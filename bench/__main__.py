@@ -1,0 +1,219 @@
+"""python -m bench — our prefix cache vs mlx-lm's LRUPromptCache vs no cache vs the ideal.
+
+Workloads (bench/workloads.py) x models (SmolLM2-135M, pure attention; qwen3next, gated delta + attention)
+x budgets (ample, tight), all caches in lockstep in one process (bench/suite.py). Prints the table and
+writes docs/benchmarks.md and a PNG chart.
+
+Run: LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 .venv/bin/python -m bench
+     [--models smollm2,qwen3next] [--workloads chat,branching,agent] [--scale full|quick]
+     [--out docs/benchmarks.md] [--png docs/benchmarks.png] [--lazy-steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="smollm2,qwen3next")
+    ap.add_argument("--workloads", default="chat,branching,agent")
+    ap.add_argument("--scale", default="full", choices=["full", "quick"])
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"), help="markdown report ('' = none)")
+    ap.add_argument("--png", default=str(ROOT / "docs" / "benchmarks.png"), help="chart ('' = none)")
+    ap.add_argument("--json", default=str(ROOT / "reports" / "bench.json"), help="raw figures ('' = none)")
+    ap.add_argument("--lazy-steps", type=int, default=20, help="decode steps for bench/lazy_views.py (0 = skip)")
+    ap.add_argument("--tight-fraction", type=float, default=0.5)
+    ap.add_argument("--chunk", type=int, default=512)
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+def targets(rows: list, lazy: dict) -> list:
+    out = []
+    for r in rows:
+        tag = f"{r['workload']}/{r['model']}/{r['budget']}"
+        if r["prefilled_ideal"]:
+            ratio = r["prefilled_ours"] / r["prefilled_ideal"]
+            if r["prefilled_ideal_cp"] is None and r["budget"] == "ample":
+                out.append(f"- {tag}: pure attention, prefilled ours = {r['prefilled_ours']} vs ideal "
+                           f"{r['prefilled_ideal']} ({'met' if r['prefilled_ours'] == r['prefilled_ideal'] else 'MISSED'});"
+                           f" bytes per distinct cached token {r['bpt_ours'] / r['raw_kv_per_token']:.2f}x raw KV "
+                           f"({'met' if r['bpt_ours'] <= 1.1 * r['raw_kv_per_token'] else 'MISSED'}, target <= 1.1x)")
+            elif r["prefilled_ideal_cp"] is not None and r["workload"] == "chat":
+                held = r["budget"] == "ample" or r["paged_out_ours"] <= r["budget_bytes"]
+                out.append(f"- {tag}: hybrid, prefilled / ideal = {ratio:.2f} "
+                           f"({'met' if ratio <= 1.25 else 'MISSED'}, target <= 1.25), budget "
+                           f"{'held' if held else 'EXCEEDED'}")
+        if r["bk_frac"] is not None:
+            out.append(f"- {tag}: trie bookkeeping {100 * r['bk_frac']:.2f}% of forward time "
+                       f"({'met' if r['bk_frac'] < 0.01 else 'MISSED'}, target < 1%)")
+    for m, v in lazy.items():
+        if v is not None:
+            out.append(f"- {m}: decode step with 50 outstanding lazy views / with none = {v:.3f} "
+                       f"({'met' if v <= 1.05 else 'MISSED'}, target <= 1.05)")
+    return out
+
+
+def main(argv=None) -> list:
+    args = parse(argv if argv is not None else sys.argv[1:])
+    import mlx.core as mx
+
+    from bench import report, suite
+    from bench.runners import geometry
+    from impl.models import load
+
+    started = dt.datetime.now().astimezone()
+    t0 = time.perf_counter()
+    info0 = report.machine()
+    s = suite.Settings(chunk=args.chunk, tight_fraction=args.tight_fraction, seed=args.seed)
+    models = [m for m in args.models.split(",") if m]
+    names = [w for w in args.workloads.split(",") if w]
+    rows, lazy, geoms = [], {}, {}
+    for m in models:
+        print(f"== {m}", flush=True)
+        if args.lazy_steps > 0:   # before any engine exists: lazy_views checks the process-wide snapshot count
+            lazy[m] = suite.lazy_view_ratio(m, args.lazy_steps)
+        lm = load(m)
+        geoms[m] = g = geometry(lm)
+        for w in names:
+            wl = suite.build_workload(w, lm, args.scale, args.seed)
+            print(f"-- {w} on {m}: {len(wl)} requests ({wl.notes})", flush=True)
+            case = suite.run_case(lm, g, wl, s, log=lambda x: print(x, flush=True))
+            for r in case.values():
+                r["lazy_ratio"] = lazy.get(m)
+                r["notes"] = wl.notes
+                rows.append(r)
+        mx.clear_cache()
+    order = {w: i for i, w in enumerate(names)}
+    rows.sort(key=lambda r: (order[r["workload"]], models.index(r["model"]), r["budget"] != "ample"))
+    elapsed = time.perf_counter() - t0
+    info1 = report.machine()
+    print()
+    print(report.text_table(rows))
+    checks = targets(rows, lazy)
+    print("\n".join(checks))
+    print(f"\n{elapsed:.0f} s")
+
+    command = ("LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 .venv/bin/python -m bench"
+               + ("" if not (argv or sys.argv[1:]) else " " + " ".join(map(shlex.quote, argv or sys.argv[1:]))))
+    png_note = ""
+    if args.png:
+        png = Path(args.png)
+        size = report.chart(rows, png)
+        if size > 200_000 and "reports" not in png.parts:
+            alt = ROOT / "reports" / png.name
+            png.replace(alt)
+            png, size = alt, alt.stat().st_size
+        png_note = f"Chart: `{png.relative_to(ROOT) if png.is_relative_to(ROOT) else png}` ({size // 1024} KB)."
+    if args.json:
+        jp = Path(args.json)
+        jp.parent.mkdir(parents=True, exist_ok=True)
+        jp.write_text(json.dumps({"rows": rows, "lazy": lazy, "machine": info0, "seconds": elapsed}, indent=1,
+                                 default=str))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(markdown(rows, checks, lazy, geoms, args, command, started, elapsed, info0, info1,
+                                           png_note))
+        print(f"wrote {args.out}")
+    return rows
+
+
+def markdown(rows, checks, lazy, geoms, args, command, started, elapsed, info0, info1, png_note) -> str:
+    from bench import report, suite
+
+    sizes = {m: suite.sizes_for(args.scale, m) for m in geoms}
+    lines = [
+        "# Prefix-cache benchmarks: ours vs mlx-lm's LRUPromptCache vs no cache vs the ideal",
+        "",
+        "Generated by `python -m bench` (bench/__main__.py); do not edit by hand — rerun it.",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        f"- Date: {started:%Y-%m-%d %H:%M %Z}; wall time {elapsed / 60:.1f} min.",
+        f"- Machine: {info0['nproc']} cores, {info0['memory']} RAM, {info0['platform']}; MLX device {info0['device']}; "
+        f"mlx {info0['mlx']}, mlx-lm {info0['mlx_lm']}, Python {info0['python']}; BLAS: {info0['blas']}.",
+        f"- Load average (1/5/15 min) at start {info0['load']}, at end {info1['load']}: the machine was shared, so "
+        "absolute times are noise; only paired ratios measured in this run are reported.",
+        f"- Settings: prefill chunk {args.chunk} tokens for every cache; our capture interval {suite.Settings.interval}, "
+        f"near-end capture {suite.Settings.near_end} tokens before a prompt's end; greedy decoding, no EOS stop; "
+        f"tight budget = {args.tight_fraction} x (distinct evaluated tokens x raw KV bytes/token + 2 checkpoints "
+        "per request).",
+        "",
+        "## Table",
+        "",
+        report.markdown_table(rows),
+        "",
+    ]
+    if png_note:
+        lines += [png_note, ""]
+    lines += ["## Targets (docs: /work/shared/TARGETS.md)", ""] + checks + [""]
+    lines += [
+        "## How to read it",
+        "",
+        "- **prefilled**: prompt tokens each cache evaluated over the workload, counting the decode seed "
+        "(so *none* = the sum of prompt lengths). *ideal* = tokens not covered by any previously evaluated "
+        "prefix (earlier prompts plus their generated tokens except the last, which a decoder never "
+        "evaluates), one token always left for decode. *(@capt)*, hybrids only: the ideal when a resume "
+        "can only land where our policy takes whole-state checkpoints (interval, near-end, divergence "
+        "point, end of each request), with no budget.",
+        "- mlx-lm's generate loop also evaluates the last sampled token (one extra decode forward per "
+        "request), so LRUPromptCache's stored key covers it and it can prefill one token fewer than "
+        "*ideal* on the next turn; that is a shifted token, not saved work.",
+        "- **TTFT ratios**: median over requests of the paired per-request ratio (runners take turns on "
+        "the same request, order rotated per request). < 1 means ours is faster.",
+        "- **peak MB**: weights + the largest (peak − active before + own state before) over the cache's "
+        "requests, i.e. its own state and temporaries; other runners' state is excluded.",
+        "- **held**: bytes the cache holds after the workload — ours: paged-out snapshots + live layer "
+        "caches (lazy views of the live buffer count 0); LRU: its entries (`LRUPromptCache.nbytes`, deep "
+        "copies of whole caches, KV buffers padded to 256 positions). **B/token**: held / distinct "
+        "tokens covered (ours: trie edge tokens; LRU: distinct prefixes of its entries' keys).",
+        "- **budgets**: ours applies the budget to paged-out bytes (live caches unbudgeted, as the "
+        "reference design says); LRU gets `max_bytes` = the same budget + one live cache at the "
+        "workload's longest context, because mlx-lm counts in-flight caches against "
+        "`--prompt-cache-bytes` and an LRU entry is the previous request's live cache.",
+        "- **bookkeeping / forward**: sum of `Result.bookkeeping_s` / sum of `Result.forward_s` over our "
+        "requests (ample budget row: ours at ample; tight row: ours at tight).",
+        "- **lazy views step ratio**: bench/lazy_views.py — a decode step with 50 outstanding lazy KV "
+        "views per layer over one with none (median of alternating steps).",
+        "",
+        "## Per row details",
+        "",
+        "| workload | model | budget | TTFT median s ours / LRU / none | tokens = ours: LRU, ours tight, none 1st | "
+        "paged-out KB ours | held max KB ours / LRU | bookkeeping ms median | seconds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        t = r["ttft_median_s"]
+        lines.append(
+            f"| {r['workload']} | {r['model']} | {r['budget']} | {t['ours']:.3f} / {t['lru']:.3f} / {t['none']:.3f} | "
+            f"{r['agree_lru']}/{r['requests']}, {r['agree_ours_tight']}/{r['requests']}, "
+            f"{r['agree_none_first']}/{r['requests']} | {r['paged_out_ours'] / 1024:.1f} | "
+            f"{r['held_max_ours'] / 1024:.1f} / {r['held_max_lru'] / 1024:.1f} | {r['bk_ms_median']:.2f} | "
+            f"{r['seconds']:.0f} |")
+    lines += ["", "## Workloads", ""]
+    for m, g in geoms.items():
+        lines.append(f"- {m}: layers {g.kinds}; raw KV {g.kv_bytes_per_token} B/token, whole-state checkpoint "
+                     f"{g.checkpoint_bytes} B; sizes {sizes[m]}")
+    seen = set()
+    for r in rows:
+        if (r["workload"], r["model"]) not in seen:
+            seen.add((r["workload"], r["model"]))
+            lines.append(f"- {r['workload']} on {r['model']}: {r['requests']} requests, {r['prompt_tokens']} prompt "
+                         f"tokens — {r['notes']}")
+    lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

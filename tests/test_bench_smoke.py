@@ -1,0 +1,104 @@
+"""Benchmark smoke runs: a tiny run of each workload and of the fifty-turn table on the small hybrid.
+
+No timed assertions: only that the figures are self-consistent (ours never prefills fewer tokens than
+the ideal nor more than no cache, bytes held >= 0, the tight budget holds) and that the fifty-turn run
+plateaus at or under the budget (+ one turn) with E2 protection while the pre-fix policy outgrows it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import workloads as W
+from bench.runners import Ideal, common_prefix, distinct_tokens
+
+pytestmark = pytest.mark.bench
+
+TINY = {
+    "chat": dict(convs=2, turns=2, answer=4, system_tokens=60, question=(6, 10)),
+    "branching": dict(rounds=1, answer=4, system_tokens=60, question=(6, 10)),
+    "agent": dict(start_tokens=150, context_tokens=340, answer=4, tool_tokens=(30, 50), system_tokens=60),
+}
+
+
+def test_ideal_and_helpers_on_synthetic_sequences():
+    assert common_prefix([1, 2, 3] * 50, [1, 2, 3] * 50 + [4]) == 150
+    assert distinct_tokens([[1, 2, 3], [1, 2, 4], [5]]) == 5
+    ideal = Ideal(interval=4, near_end=2)
+    assert ideal.prefill([1, 2, 3]) == 3                      # cold
+    ideal.add([1, 2, 3, 4, 5, 6], [7, 8])                      # evaluated: 1..7
+    assert ideal.prefill([1, 2, 3, 4, 5, 6]) == 1              # full match backs off by one
+    assert ideal.prefill([1, 2, 3, 4, 5, 6, 7, 8, 9]) == 2     # 1..7 covered
+    assert ideal.prefill([1, 2, 9]) == 1
+    # checkpoints: end of evaluated (7), near end (4), interval (4)
+    assert ideal.prefill_at_captures([1, 2, 3, 4, 5, 6, 7, 8, 9]) == 2
+    assert ideal.prefill_at_captures([1, 2, 3, 4, 5, 9]) == 2  # lands on 4
+    assert ideal.prefill_at_captures([1, 2, 9]) == 3           # no checkpoint at 2
+
+
+def test_workloads_are_deterministic_and_shaped():
+    from impl.models import shared_tokenizer
+
+    tok = shared_tokenizer()
+    for name, kw in TINY.items():
+        a, b = W.build(name, tok, seed=3, **kw), W.build(name, tok, seed=3, **kw)
+        fake = {i: [7] * r.max_tokens for i, r in enumerate(a.requests)}
+        assert [a.prompt(i, fake) for i in range(len(a))] == [b.prompt(i, fake) for i in range(len(b))]
+        assert len(a) >= 3
+    br = W.build("branching", tok, **TINY["branching"])
+    kinds = {r.kind for r in br.requests}
+    assert {"regenerate", "edit", "fork"} <= kinds
+    regen = next(i for i, r in enumerate(br.requests) if r.kind == "regenerate")
+    fake = {i: [7, 8, 9, 10] for i in range(len(br))}
+    assert br.prompt(regen, fake) == br.prompt(regen - 1, fake)
+    ag = W.build("agent", tok, **TINY["agent"])
+    lens = [len(ag.prompt(i, fake)) for i in range(len(ag))]
+    assert lens == sorted(lens) and lens[-1] <= TINY["agent"]["context_tokens"]
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    from bench.runners import geometry
+    from impl.models import load
+
+    lm = load("qwen3next")
+    return lm, geometry(lm)
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_workload_figures_are_consistent(hybrid, name):
+    from bench import report, suite
+
+    lm, geom = hybrid
+    assert geom.checkpoint_bytes > 0 and geom.kv_bytes_per_token > 0
+    wl = W.build(name, lm.tokenizer, **TINY[name])
+    rows = suite.run_case(lm, geom, wl, suite.Settings(chunk=128, check_rules=True), log=lambda *_: None)
+    for budget, r in rows.items():
+        assert r["ours_below_ideal"] == 0, r                 # never fewer than the ideal, per request
+        assert r["ours_above_none"] == 0, r                  # never more than no cache, per request
+        assert r["prefilled_ideal"] <= r["prefilled_ours"] <= r["prefilled_none"] == r["prompt_tokens"]
+        assert r["prefilled_lru"] <= r["prefilled_none"]
+        assert r["prefilled_ideal"] <= r["prefilled_ideal_cp"] <= r["prefilled_none"]
+        assert r["held_ours"] >= 0 and r["held_lru"] >= 0 and r["paged_out_ours"] >= 0
+        assert r["peak_ours"] >= r["weights"] and r["peak_lru"] >= r["weights"]
+        assert r["bk_frac"] is not None and r["bk_frac"] >= 0
+        if budget == "tight":
+            assert r["paged_out_ours"] <= r["budget_bytes"]  # E1 (the frontier alone never exceeds it here)
+        assert r["ttft_ours_lru"] > 0 and r["ttft_ours_none"] > 0
+    assert rows["ample"]["prefilled_ours"] <= rows["tight"]["prefilled_ours"]
+    assert "|" in report.markdown_table(list(rows.values()))
+
+
+def test_fifty_turns_plateaus_under_e2_and_grows_under_prefix_policy():
+    from bench import fifty_turns
+
+    res = fifty_turns.run("qwen3next", turns=16, budget_checkpoints=4, answer=6, chunk=128, check=True)
+    budget, turn = res["budget"], res["turn_bytes"]
+    fixed = [r["paged_out"] for r in res["policies"]["fixed"]["rows"]]
+    pre = [r["paged_out"] for r in res["policies"]["prefix"]["rows"]]
+    assert turn > 0
+    assert max(fixed) <= budget + turn                       # plateau at or under the budget (+ one turn)
+    assert fixed[-1] == fixed[-4]                            # flat at the end
+    assert pre[-1] > budget + turn                           # the pre-fix policy outgrows it
+    assert pre == sorted(pre)                                # and never shrinks
+    assert res["same_tokens"]
