@@ -1,0 +1,280 @@
+"""The fuzz campaign: models in turn, cases of generated operations, every oracle on every
+operation, failures shrunk and saved as replayable cases, figures for the report.
+
+A *case* is one fresh engine and a sequence of operations (fuzz.workload); the campaign keeps one
+open case per model and gives the next operation to the model that has used the least wall time so
+far (round-robin by time, so the slow SmolLM2 does not starve the hybrids under --minutes; under
+--requests each model runs until it has served that many generate requests).
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+
+from impl.models import load
+
+from .oracle import ColdOracle, Failure, OpRecord, Runner
+from .workload import CASE_FORMAT, Workload, checkpoint_bytes, parse_budget, strip_private
+
+
+# --------------------------------------------------------------------------- cases
+def resolve_settings(loaded, budget="8ckpt", chunk_size=16, capture_interval=32, near_end=4) -> dict:
+    per_ckpt = checkpoint_bytes(loaded, capture_interval)
+    return {"budget": parse_budget(budget, per_ckpt), "budget_spec": str(budget), "ckpt_bytes": per_ckpt,
+            "chunk_size": int(chunk_size), "capture_interval": int(capture_interval), "near_end": int(near_end)}
+
+
+def case_settings(case: dict, loaded) -> dict:
+    """Engine settings of a case; a budget given as '<n>ckpt' is resolved on this machine."""
+    e = dict(case["engine"])
+    s = resolve_settings(loaded, e.get("budget_spec", e["budget"]), e.get("chunk_size", 16),
+                         e.get("capture_interval", 32), e.get("near_end", 4))
+    if "budget_spec" not in e:
+        s["budget"] = int(e["budget"])
+    ops = []
+    for op in case["requests"]:
+        if op["op"] == "set_budget" and isinstance(op["bytes"], str):
+            op = {**op, "bytes": parse_budget(op["bytes"], s["ckpt_bytes"])}
+        ops.append(op)
+    return s, ops
+
+
+@dataclass
+class CaseResult:
+    records: list
+    failure: Failure | None = None
+    failed_at: int | None = None
+    leaked: int = 0
+    ties: list = field(default_factory=list)
+
+
+def run_ops(loaded, settings: dict, ops: list, oracle: ColdOracle, on_op=None) -> CaseResult:
+    runner = Runner(loaded, settings, oracle)
+    res = CaseResult(runner.records)
+    try:
+        for i, op in enumerate(ops):
+            try:
+                rec, _ = runner.run(op, i)
+            except Failure as f:
+                res.failure, res.failed_at = f, i
+                break
+            except Exception as e:       # a bug of the harness or an unexpected impl error
+                res.failure, res.failed_at = Failure(f"exception:{type(e).__name__}", repr(e)), i
+                break
+            if on_op is not None:
+                on_op(rec)
+    finally:
+        res.leaked = runner.close()
+        res.ties = runner.tie_notes
+    if res.failure is None and res.leaked:
+        res.failure = Failure("A2", f"{res.leaked} snapshots alive after the engine was torn down")
+        res.failed_at = len(ops) - 1
+    return res
+
+
+def run_case(case: dict, oracle: ColdOracle | None = None, on_op=None) -> CaseResult:
+    if case.get("format") != CASE_FORMAT:
+        raise ValueError(f"not a fuzz case (format {case.get('format')!r}, expected {CASE_FORMAT})")
+    loaded = load(case["model"])
+    settings, ops = case_settings(case, loaded)
+    return run_ops(loaded, settings, ops, oracle or ColdOracle(), on_op)
+
+
+def make_case(model: str, settings: dict, ops: list, failure: Failure | None = None, **meta) -> dict:
+    return {"format": CASE_FORMAT, "model": model,
+            "engine": {k: settings[k] for k in ("budget", "budget_spec", "chunk_size", "capture_interval",
+                                                "near_end")},
+            "requests": [strip_private(op) for op in ops],
+            "failure": None if failure is None else {"signature": failure.signature, "message": failure.message},
+            **meta}
+
+
+# --------------------------------------------------------------------------- per-model state
+@dataclass
+class ModelStats:
+    requests: int = 0          # generate operations
+    ops: int = 0               # generate + set_budget
+    cases: int = 0
+    checks: int = 0
+    failures: int = 0
+    ties: int = 0
+    cancelled: int = 0
+    prompt_tokens: int = 0
+    prefilled: int = 0
+    reused: int = 0
+    ideal: int = 0
+    no_cache: int = 0
+    produced: int = 0
+    evictions: int = 0
+    squeezes: int = 0
+    max_c1_diff: float = 0.0
+    seconds: float = 0.0       # wall time spent on this model (engine + oracles + shrinking)
+    peak_request: int = 0      # highest MLX peak during a request (absolute)
+    peak_squeeze_delta: int = 0  # highest peak above the active memory during a budget squeeze
+    max_paged_out: int = 0
+    max_active: int = 0
+    max_live: int = 0
+    kinds: dict = field(default_factory=dict)
+
+
+class ModelRun:
+    def __init__(self, name: str, seed: int, args):
+        self.name = name
+        self.loaded = load(name)
+        self.settings = resolve_settings(self.loaded, args.budget, args.chunk, args.interval, args.near_end)
+        self.seed, self.args = seed, args
+        self.stats = ModelStats()
+        self.series: list = []       # per op: [global op index, paged_out, active, live, budget, kind]
+        self.runner: Runner | None = None
+        self.workload: Workload | None = None
+        self.ops: list = []
+        self.case_seed = 0
+        self.done = False
+
+    def case_seed_for(self, k: int) -> int:
+        return random.Random(f"{self.seed}:{self.name}:{k}").getrandbits(63)
+
+
+class Campaign:
+    def __init__(self, args, report_dir: Path):
+        self.args = args
+        self.report_dir = report_dir
+        self.oracle = ColdOracle()
+        self.models = [ModelRun(m, args.seed, args) for m in args.models]
+        self.cases_dir = report_dir / "cases"
+        self.failures: list = []
+        self.started = time.time()
+        self.op_counter = 0
+
+    # ------------------------------------------------------------- main loop
+    def run(self, progress: bool = True) -> None:
+        from tqdm import tqdm
+
+        args = self.args
+        deadline = time.perf_counter() + args.minutes * 60 if args.minutes else None
+        total = args.requests * len(self.models) if args.requests else None
+        bar = tqdm(total=total, unit="req", disable=not progress, dynamic_ncols=True,
+                   bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} req [{elapsed}<{remaining}] {postfix}"
+                   if total else "{desc} {n_fmt} req [{elapsed}, {rate_fmt}] {postfix}")
+        t_start = time.perf_counter()
+        try:
+            while True:
+                live = [m for m in self.models if not m.done]
+                if not live or (deadline and time.perf_counter() >= deadline):
+                    break
+                m = min(live, key=lambda m: m.stats.seconds)
+                before = m.stats.requests
+                self.step(m)
+                if m.stats.requests > before:
+                    bar.update(1)
+                if args.requests and m.stats.requests >= args.requests:
+                    self.finish_case(m)
+                    m.done = True
+                checks = sum(x.stats.checks for x in self.models)
+                fails = sum(x.stats.failures for x in self.models)
+                bar.set_postfix_str(f"model={m.name} checks={checks} failures={fails} "
+                                    f"elapsed={time.perf_counter() - t_start:.0f}s", refresh=False)
+        finally:
+            for m in self.models:
+                self.finish_case(m)
+            bar.close()
+        self.elapsed = time.perf_counter() - t_start
+
+    def step(self, m: ModelRun) -> None:
+        t0 = time.perf_counter()
+        try:
+            if m.runner is None:
+                m.stats.cases += 1
+                m.case_seed = m.case_seed_for(m.stats.cases)
+                m.workload = Workload(m.case_seed, m.loaded.tokenizer, m.name, m.settings["ckpt_bytes"],
+                                      m.settings["budget"])
+                m.runner = Runner(m.loaded, m.settings, self.oracle)
+                m.ops = []
+            op = m.workload.next_op(m.runner.engine.pc.counter)
+            m.ops.append(op)
+            try:
+                rec, res = m.runner.run(op, len(m.ops) - 1)
+            except Failure as f:
+                self.failed(m, f)
+                return
+            except Exception as e:
+                self.failed(m, Failure(f"exception:{type(e).__name__}", repr(e)))
+                return
+            if res is not None:
+                m.workload.observe(op, res.tokens, res.text)
+            self.account(m, rec)
+            if len(m.ops) >= self.args.case_len:
+                self.finish_case(m)
+        finally:
+            m.stats.seconds += time.perf_counter() - t0
+
+    def account(self, m: ModelRun, rec: OpRecord) -> None:
+        s = m.stats
+        s.ops += 1
+        s.checks += rec.checks
+        s.ties += rec.ties
+        s.evictions += rec.evictions
+        s.kinds[rec.kind] = s.kinds.get(rec.kind, 0) + 1
+        if rec.op == "generate":
+            s.requests += 1
+            s.cancelled += rec.cancelled
+            s.prompt_tokens += rec.prompt
+            s.prefilled += rec.prefilled
+            s.reused += rec.resumed
+            s.ideal += rec.ideal
+            s.no_cache += rec.no_cache
+            s.produced += rec.produced
+            s.max_c1_diff = max(s.max_c1_diff, rec.max_diff)
+            s.peak_request = max(s.peak_request, rec.peak)
+        else:
+            s.squeezes += rec.kind == "squeeze"
+            s.peak_squeeze_delta = max(s.peak_squeeze_delta, rec.peak_delta)
+        s.max_paged_out = max(s.max_paged_out, rec.paged_out)
+        s.max_active = max(s.max_active, rec.active)
+        s.max_live = max(s.max_live, rec.live)
+        self.op_counter += 1
+        m.series.append([self.op_counter, rec.paged_out, rec.active, rec.live, rec.budget, rec.kind])
+
+    def finish_case(self, m: ModelRun) -> None:
+        if m.runner is None:
+            return
+        runner, m.runner = m.runner, None
+        leaked = runner.close()
+        if leaked:
+            self._record_failure(m, Failure("A2", f"{leaked} snapshots alive after the engine was torn down"),
+                                 len(m.ops) - 1)
+
+    # ------------------------------------------------------------- failures
+    def failed(self, m: ModelRun, f: Failure) -> None:
+        runner, m.runner = m.runner, None
+        runner.close()
+        self._record_failure(m, f, len(m.ops) - 1)
+
+    def _record_failure(self, m: ModelRun, f: Failure, index: int) -> None:
+        from .shrink import shrink
+
+        m.stats.failures += 1
+        ops = [strip_private(op) for op in m.ops[:index + 1]]
+        t0 = time.perf_counter()
+        small, trials = shrink(m.loaded, m.settings, ops, f.signature, self.args.shrink_seconds, self.oracle)
+        self.cases_dir.mkdir(parents=True, exist_ok=True)
+        k = len(self.failures) + 1
+        name = f"{m.name}-{f.signature.replace(':', '_').replace(',', '_')}-{k}.json"
+        case = make_case(m.name, m.settings, small.ops, small.failure or f,
+                         description=f"found by the campaign (seed {self.args.seed}, case seed {m.case_seed}); "
+                                     f"shrunk from {len(ops)} to {len(small.ops)} operations in {trials} trials",
+                         expect="pass")
+        path = self.cases_dir / name
+        path.write_text(json.dumps(case, indent=1))
+        if getattr(self.args, "save_to_corpus", False):
+            corpus = Path(__file__).parent / "corpus"
+            corpus.mkdir(exist_ok=True)
+            (corpus / name).write_text(json.dumps(case, indent=1))
+        self.failures.append({"model": m.name, "signature": f.signature, "message": f.message[:4000],
+                              "case": str(path), "operations": len(ops), "shrunk_to": len(small.ops),
+                              "shrink_trials": trials, "shrink_s": round(time.perf_counter() - t0, 1)})

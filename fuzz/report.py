@@ -1,0 +1,142 @@
+"""Campaign report: summary.json, summary.md and memory.png in the report directory.
+
+Per model: requests, requests/min (wall time spent on that model, oracles included), tokens
+prefilled vs reused vs the ideal vs no cache, checks, failures, ties, peak memory figures and the
+memory series (paged-out bytes, MLX active memory, live caches, budget per operation).
+
+Token accounting (per generate request, positions of the prompt before the decode seed, which every
+request evaluates once and is not counted):
+  prefilled  positions the engine evaluated (stats.prefilled)
+  reused     the resume offset: positions restored from the cache
+  ideal      positions not covered by any prefix evaluated earlier in the same case (the longest
+             common prefix with any earlier evaluated key stream, at most n-1, never inside a
+             non-causal item), up to where the request stopped
+  no_cache   positions a cache-less engine would evaluate up to the same point
+so ideal <= prefilled <= no_cache always (a check of the IDEAL oracle).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from .oracle import A3_MARGIN, ATOL, MEM_MARGIN, TIE
+
+
+def _mib(x: int) -> str:
+    return f"{x / (1 << 20):.2f} MiB"
+
+
+def build(campaign) -> dict:
+    args = campaign.args
+    models = {}
+    for m in campaign.models:
+        s = asdict(m.stats)
+        minutes = m.stats.seconds / 60 if m.stats.seconds else 0
+        s["requests_per_min"] = round(m.stats.requests / minutes, 2) if minutes else 0.0
+        s["settings"] = m.settings
+        s["layer_kinds"] = sorted({k for k in m.loaded.layer_kinds if k})
+        s["weights_bytes"] = m.loaded.weight_bytes
+        s["series"] = m.series
+        models[m.name] = s
+    return {
+        "format": "prefix-trie-fuzz-report/1",
+        "seed": args.seed, "models": list(models), "minutes": args.minutes, "requests": args.requests,
+        "elapsed_s": round(getattr(campaign, "elapsed", 0.0), 1),
+        "settings": {"budget": args.budget, "chunk": args.chunk, "interval": args.interval,
+                     "near_end": args.near_end, "case_len": args.case_len, "shrink_seconds": args.shrink_seconds},
+        "tolerance": {"logits_atol": ATOL, "tie_gap": TIE, "mem_margin": MEM_MARGIN, "a3_margin": A3_MARGIN},
+        "oracle": {"text_only": "mlx-lm stock caches (make_prompt_cache), one forward of the prompt, greedy steps",
+                   "media": "a fresh Engine with an empty trie, one prefill chunk (stock caches cannot build "
+                            "the bidirectional mask of a non-causal item)",
+                   "cold_runs": campaign.oracle.misses, "cold_cache_hits": campaign.oracle.hits,
+                   "cold_seconds": round(campaign.oracle.seconds, 1)},
+        "totals": {k: sum(models[n][k] for n in models) for k in
+                   ("requests", "ops", "checks", "failures", "ties", "prefilled", "reused", "ideal", "no_cache")},
+        "per_model": models,
+        "failures": campaign.failures,
+    }
+
+
+def markdown(rep: dict) -> str:
+    t = rep["totals"]
+    lines = [f"# Fuzz campaign, seed {rep['seed']}", "",
+             f"{t['requests']} requests ({t['ops']} operations incl. budget changes) on {', '.join(rep['models'])} "
+             f"in {rep['elapsed_s']} s; {t['checks']} checks, **{t['failures']} failures**, {t['ties']} ties.", "",
+             f"Settings: budget {rep['settings']['budget']}, chunk {rep['settings']['chunk']}, capture interval "
+             f"{rep['settings']['interval']}, near end {rep['settings']['near_end']}, case length "
+             f"{rep['settings']['case_len']} operations.", "",
+             f"C1 oracle: text-only prompts against {rep['oracle']['text_only']}; media prompts against "
+             f"{rep['oracle']['media']}. Tolerance: |logits - cold| <= {rep['tolerance']['logits_atol']} "
+             f"(float32), greedy tokens exact, a mismatch with cold top-2 gap < {rep['tolerance']['tie_gap']} "
+             f"is a tie. Cold runs {rep['oracle']['cold_runs']} ({rep['oracle']['cold_seconds']} s), "
+             f"served from the cold cache {rep['oracle']['cold_cache_hits']}.", "",
+             "| model | requests | req/min | cases | checks | failures | ties | cancelled | squeezes | evictions "
+             "| prefilled | reused | ideal | no cache | prefilled/ideal | max C1 diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, s in rep["per_model"].items():
+        ratio = f"{s['prefilled'] / s['ideal']:.2f}" if s["ideal"] else "-"
+        lines.append(f"| {name} | {s['requests']} | {s['requests_per_min']} | {s['cases']} | {s['checks']} | "
+                     f"{s['failures']} | {s['ties']} | {s['cancelled']} | {s['squeezes']} | {s['evictions']} | "
+                     f"{s['prefilled']} | {s['reused']} | {s['ideal']} | {s['no_cache']} | {ratio} | "
+                     f"{s['max_c1_diff']:.2g} |")
+    lines += ["", "Memory (budget = the model's budget in bytes; one checkpoint = whole-state of every "
+              "windowed/recurrent layer + `interval` rows of every KV layer):", "",
+              "| model | weights | ckpt | budget | max paged out | max live caches | max MLX active | "
+              "peak during a request | max squeeze peak above active |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, s in rep["per_model"].items():
+        st = s["settings"]
+        lines.append(f"| {name} | {_mib(s['weights_bytes'])} | {_mib(st['ckpt_bytes'])} | {_mib(st['budget'])} | "
+                     f"{_mib(s['max_paged_out'])} | {_mib(s['max_live'])} | {_mib(s['max_active'])} | "
+                     f"{_mib(s['peak_request'])} | {_mib(s['peak_squeeze_delta'])} |")
+    lines += ["", "MLX active memory includes the weights of every model loaded in the process.", ""]
+    if rep["failures"]:
+        lines += ["## Failures", ""]
+        for f in rep["failures"]:
+            lines.append(f"- **{f['model']} {f['signature']}**: {f['message'].splitlines()[0][:300]} — case "
+                         f"`{f['case']}` ({f['operations']} → {f['shrunk_to']} operations); replay with "
+                         f"`python -m fuzz replay {f['case']}`")
+    else:
+        lines += ["No failures."]
+    lines += ["", "![memory](memory.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(rep: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rep["per_model"])
+    fig, axes = plt.subplots(len(names), 2, figsize=(13, 3.0 * len(names)), squeeze=False)
+    for row, name in enumerate(names):
+        s = rep["per_model"][name]
+        ser = s["series"]
+        x = list(range(1, len(ser) + 1))
+        mib = lambda v: v / (1 << 20)
+        ax = axes[row][0]
+        ax.plot(x, [mib(r[1]) for r in ser], label="paged out", lw=1.2)
+        ax.step(x, [mib(r[4]) for r in ser], label="budget", where="post", color="red", lw=1)
+        ax.set_title(f"{name}: paged-out bytes vs budget")
+        ax.set_xlabel("operation")
+        ax.set_ylabel("MiB")
+        ax.legend(fontsize=8)
+        ax = axes[row][1]
+        ax.plot(x, [mib(r[2]) for r in ser], label="MLX active", lw=1.2)
+        ax.plot(x, [mib(r[2] - r[1] - r[3]) for r in ser], label="active - paged out - live caches", lw=1)
+        ax.set_title(f"{name}: MLX active memory (all loaded models)")
+        ax.set_xlabel("operation")
+        ax.set_ylabel("MiB")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write(campaign, report_dir: Path) -> dict:
+    report_dir.mkdir(parents=True, exist_ok=True)
+    rep = build(campaign)
+    (report_dir / "summary.json").write_text(json.dumps(rep, indent=1))
+    (report_dir / "summary.md").write_text(markdown(rep))
+    plot(rep, report_dir / "memory.png")
+    return rep

@@ -1,0 +1,44 @@
+"""A short fixed-seed fuzz campaign over all four models (CI smoke, ~60 s on 2 cores).
+
+Runs `python -m fuzz` as users do, then checks: zero failures, the report files exist, and the
+figures are self-consistent (per model and in total: ideal <= prefilled <= no cache, reused +
+prefilled == no cache, requests as asked, a memory series point per operation, and the memory series agrees with the maxima).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REQUESTS = 5
+
+
+def test_fuzz_smoke_campaign(tmp_path):
+    report = tmp_path / "report"
+    cmd = [sys.executable, "-m", "fuzz", "--requests", str(REQUESTS), "--case-len", "6", "--seed", "7",
+           "--report", str(report), "--no-progress", "--shrink-seconds", "30"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, PYTHONHASHSEED="0"))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for name in ("summary.json", "summary.md", "memory.png"):
+        assert (report / name).is_file() and (report / name).stat().st_size > 0, name
+    rep = json.loads((report / "summary.json").read_text())
+    assert rep["totals"]["failures"] == 0 and rep["failures"] == []
+    assert set(rep["per_model"]) == {"smollm2", "gemma3", "qwen3next", "mamba2"}
+    for name, s in rep["per_model"].items():
+        assert s["requests"] == REQUESTS, name
+        assert s["checks"] > 0 and s["requests_per_min"] > 0, name
+        assert s["ideal"] <= s["prefilled"] <= s["no_cache"], (name, s["ideal"], s["prefilled"], s["no_cache"])
+        assert s["reused"] + s["prefilled"] == s["no_cache"], name
+        assert len(s["series"]) == s["ops"], name
+        for _, paged, active, live, budget, _kind in s["series"]:
+            assert active >= s["weights_bytes"] + live, name     # E1 itself is an oracle check per operation
+        assert s["max_paged_out"] == max(r[1] for r in s["series"]), name
+    t = rep["totals"]
+    assert t["ideal"] <= t["prefilled"] <= t["no_cache"]
+    assert t["requests"] == 4 * REQUESTS
+    md = (report / "summary.md").read_text()
+    assert "No failures." in md and all(m in md for m in rep["per_model"])
