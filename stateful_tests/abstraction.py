@@ -7,6 +7,7 @@ from spec.trie import Node as SpecNode, Snap, state_content
 
 
 def abstract(pc, layers, tracer, chunk: int) -> SpecCache:
+    tracer.fresh()
     sp = SpecCache(layers, budget=pc.budget, interval=pc.interval, near_end=pc.near_end, chunk=chunk)
     mapped = {}
 
@@ -37,7 +38,7 @@ def abstract(pc, layers, tracer, chunk: int) -> SpecCache:
     r = pc.request
     if r is not None:
         sp.request = SpecRequest(keys=r.keys, spans=list(r.spans), matched=r.matched, resume=r.resume,
-                                 schedule=[], base=r.resume, chunks=list(r.chunks), prefilled=r.prefilled)
+                                 schedule=list(r.schedule), base=r.resume, chunks=list(r.chunks), prefilled=r.prefilled)
     return sp
 
 

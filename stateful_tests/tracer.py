@@ -42,6 +42,18 @@ class Tracer:
                 self.caches.append(None)
         self.ids: dict = {}
         self.keys_by_id: list = []
+        self._np: dict = {}     # id(mx array) -> (array, numpy copy), for one decoding pass
+
+    def fresh(self) -> None:
+        """Start a decoding pass: forget the numpy copies of the previous one
+        (each live buffer is copied out of MLX once per pass, not per view)."""
+        self._np = {}
+
+    def _numpy(self, a) -> np.ndarray:
+        hit = self._np.get(id(a))
+        if hit is None or hit[0] is not a:
+            hit = self._np[id(a)] = (a, np.array(a))
+        return hit[1]
 
     # --- encoding ---
     def code(self, content) -> int:
@@ -84,7 +96,7 @@ class Tracer:
 
     # --- decoding ---
     def decode_rows(self, k, start: int) -> tuple:
-        a = np.array(k)[0, 0]
+        a = (k if isinstance(k, np.ndarray) else np.array(k))[0, 0]
         out = []
         for j, (code, pos) in enumerate(a):
             out.append(self.content_of(int(code)) if int(pos) == start + j else Mismatch(("pos", int(pos))))
@@ -101,7 +113,7 @@ class Tracer:
         if cache.offset == 0:
             return ()
         if layer.kind == KV:
-            return self.decode_rows(cache.keys[..., :cache.offset, :], 0)
+            return self.decode_rows(self._numpy(cache.keys)[..., :cache.offset, :], 0)
         if layer.kind == WINDOWED:
             k, _ = cache._window_rows()
             return self.decode_rows(k, cache.offset - k.shape[2])
@@ -110,6 +122,8 @@ class Tracer:
     def snap(self, i: int, s, expected: tuple) -> tuple:
         """A snapshot's content; a recurrent one decodes against `expected`."""
         if s.kind == KV:
+            if s.lazy:      # a view of the issuer's live buffer: decode the shared copy
+                return self.decode_rows(self._numpy(s._cache.keys)[..., s.start:s.end, :], s.start)
             k, _ = s._rows()
             return self.decode_rows(k, s.start)
         if s.kind == WINDOWED:
