@@ -17,7 +17,8 @@ from spec.rules import check
 from spec.trie import Layer
 
 if importlib.util.find_spec("hypothesis_crosshair_provider") is not None:
-    # Optional: `pip install -e ".[crosshair]"`, then HYPOTHESIS_PROFILE=crosshair.
+    # Optional: `pip install -e ".[crosshair]"`, then `pytest --hypothesis-profile=crosshair`
+    # (docs/spec.md: HYPOTHESIS_PROFILE=crosshair also needs the root conftest to know the profile).
     settings.register_profile(
         "crosshair", backend="crosshair", max_examples=200, deadline=None, database=None,
         suppress_health_check=list(HealthCheck))
