@@ -92,3 +92,33 @@ def load(name: str) -> LoadedModel:
         release_pool()
         _loaded[name] = lm
         return lm
+
+
+def estimate_bytes(name: str) -> int:
+    """Float32 weight bytes a load of `name` will hold, from its configuration alone: the model is
+    built lazily (MLX does not evaluate the initial weights) and only its parameter sizes are
+    read. The scheduler's fit check (F1) uses this for a first load."""
+    if name not in MODEL_NAMES:
+        raise KeyError(f"unknown model {name!r}; known: {MODEL_NAMES}")
+    if name in _loaded:
+        return _loaded[name].weight_bytes
+    import mlx.core as mx
+    from mlx_lm.models import llama
+
+    if name == "smollm2":
+        from . import smollm2
+
+        w, meta = mx.load(str(smollm2.gguf_path()), return_metadata=True)
+        model = llama.Model(smollm2.model_args(meta, "output.weight" in w))
+        del w
+    else:
+        from mlx_lm.utils import _get_classes
+
+        from .hybrid import CONFIGS
+
+        model_class, args_class = _get_classes(config=dict(CONFIGS[name]))
+        model = model_class(args_class.from_dict(dict(CONFIGS[name])))
+    params = dict(tree_flatten(model.parameters()))
+    if name == "gemma3":
+        params.pop("lm_head.weight", None)     # tied to the embedding, as hybrid.generate saves it
+    return sum(v.size for v in params.values()) * 4
