@@ -18,7 +18,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ["spec/media.py", "spec/trie.py", "spec/cache.py"]

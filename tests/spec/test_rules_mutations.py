@@ -13,7 +13,7 @@ from conftest import HYBRID, KV_REC, PURE_KV, begin, ok, rules, run
 from spec.cache import PrefixCache
 from spec.media import MediaItem
 from spec.rules import e3_victim, g2_merged, s4_split
-from spec.trie import KV, Broken, MergeError, Node, walk
+from spec.trie import KV, Broken, MergeError, Node
 
 
 def idle_hybrid():

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from spec.cache import PrefixCache
 from spec.media import MediaItem
 from spec.rules import check
-from spec.trie import Layer, MergeError
+from spec.trie import Layer
 
 OPS = 20
 VOCAB = 6          # a tiny vocabulary: accidental shared prefixes everywhere
