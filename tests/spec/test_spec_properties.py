@@ -115,3 +115,66 @@ def test_no_rule_ever_fires(config, data):
         pc.close()
         assert_ok(pc, "close")
 
+
+
+# ------------------------------------------------------------------------
+# A finer-grained machine: begin, partial prefills, decode steps, close and
+# budget changes are separate rules, so budgets change mid-request, a
+# request can be cancelled at any point and prefill resumed chunk by chunk.
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
+
+
+class SpecMachine(RuleBasedStateMachine):
+    @initialize(config=config_st)
+    def setup(self, config):
+        self.pc = PrefixCache(config["layers"], budget=config["budget"], interval=config["interval"],
+                              near_end=config["near_end"], chunk=config["chunk"])
+        self.history = [[0, 1, 2]]          # past live sequences: new prompts share their prefixes
+        self.prompt = None
+
+    @precondition(lambda self: self.pc.request is None)
+    @rule(data=st.data())
+    def begin(self, data):
+        base = data.draw(st.sampled_from(self.history), label="base")
+        cut = data.draw(st.integers(0, len(base)), label="cut")
+        tokens = list(base[:cut]) + data.draw(st.lists(st.integers(0, VOCAB - 1), max_size=5), label="new")
+        tokens = tokens or [0]
+        media = []
+        if len(tokens) > 2 and data.draw(st.booleans(), label="media?"):
+            pos = data.draw(st.integers(0, len(tokens) - 2), label="media pos")
+            length = data.draw(st.integers(1, len(tokens) - 1 - pos), label="media len")
+            media = [MediaItem(pos=pos, length=length, data=b"m", causal=data.draw(st.booleans(), label="causal"))]
+        note(f"begin {tokens} {media}")
+        self.pc.begin(tokens, media)
+        self.prompt, self.tokens = tokens, list(tokens)    # token ids by position (seq holds folds)
+
+    @precondition(lambda self: self.pc.request is not None and not self.pc.request.prefilled)
+    @rule(k=st.sampled_from([None, 1, 2]))
+    def prefill(self, k):
+        if self.pc.prefill(max_chunks=k):
+            self.pc.step(self.prompt[-1])
+
+    @precondition(lambda self: self.pc.request is not None and self.pc.request.prefilled)
+    @rule(g=st.integers(0, VOCAB - 1))
+    def step(self, g):
+        self.pc.step(g)
+        self.tokens.append(g)
+
+    @precondition(lambda self: self.pc.request is not None)
+    @rule()
+    def close(self):
+        self.pc.close()
+        self.history.append(self.tokens[:self.pc.offset])
+
+    @rule(budget=st.sampled_from([0, 5, 20, 60, 1 << 40]))
+    def set_budget(self, budget):
+        self.pc.set_budget(budget)
+
+    @invariant()
+    def rules_hold(self):
+        if hasattr(self, "pc"):
+            violations = check(self.pc)
+            assert violations == [], "; ".join(map(str, violations))
+
+
+TestSpecMachine = SpecMachine.TestCase
