@@ -131,6 +131,13 @@ class Ours:
         return len(self.engine.pc.trie.nodes()) - 1
 
     def close(self) -> None:
+        """Release every snapshot the trie holds (A2 hygiene: the process-wide live-snapshot count
+        returns to where it was), then drop the engine."""
+        trie = self.engine.pc.trie
+        for n in trie.nodes():
+            for i, snap in enumerate(n.snaps):
+                if snap is not None:
+                    trie.disown(n, i).close()
         self.engine = None
         gc.collect()
 
