@@ -119,6 +119,7 @@ class ModelStats:
     max_paged_out: int = 0
     max_active: int = 0
     max_live: int = 0
+    max_mem_slack: int = 0     # largest MLX active memory not explained by weights + engines' bytes
     kinds: dict = field(default_factory=dict)
 
 
@@ -129,7 +130,7 @@ class ModelRun:
         self.settings = resolve_settings(self.loaded, args.budget, args.chunk, args.interval, args.near_end)
         self.seed, self.args = seed, args
         self.stats = ModelStats()
-        self.series: list = []       # per op: [global op index, paged_out, active, live, budget, kind]
+        self.series: list = []       # per op: [global op, paged_out, active, live, budget, kind, MEM slack]
         self.runner: Runner | None = None
         self.workload: Workload | None = None
         self.ops: list = []
@@ -237,8 +238,9 @@ class Campaign:
         s.max_paged_out = max(s.max_paged_out, rec.paged_out)
         s.max_active = max(s.max_active, rec.active)
         s.max_live = max(s.max_live, rec.live)
+        s.max_mem_slack = max(s.max_mem_slack, rec.slack)
         self.op_counter += 1
-        m.series.append([self.op_counter, rec.paged_out, rec.active, rec.live, rec.budget, rec.kind])
+        m.series.append([self.op_counter, rec.paged_out, rec.active, rec.live, rec.budget, rec.kind, rec.slack])
 
     def finish_case(self, m: ModelRun) -> None:
         if m.runner is None:

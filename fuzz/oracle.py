@@ -200,6 +200,7 @@ class OpRecord:
     active: int = 0
     live: int = 0
     budget: int = 0
+    slack: int = 0             # active - weights of loaded models - bytes of every live engine (MEM)
     peak: int = 0
     peak_delta: int = 0
     evictions: int = 0
@@ -245,7 +246,9 @@ class Runner:
         if pc.counter > pc.budget and any(pc.evictable(n) for n in walk(pc.root)):
             raise Failure("E1", f"paged out {pc.counter} > budget {pc.budget} with evictable nodes")
         active = mx.get_active_memory()
-        bound = loaded_weight_bytes() + engines_bytes() + MEM_MARGIN
+        accounted = loaded_weight_bytes() + engines_bytes()
+        bound = accounted + MEM_MARGIN
+        rec.slack = active - accounted
         if active > bound:
             raise Failure("MEM", f"MLX active {active} B > weights + live caches + paged-out + margin = {bound} B")
         rec.checks += 4

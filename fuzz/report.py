@@ -83,13 +83,18 @@ def markdown(rep: dict) -> str:
     lines += ["", "Memory (budget = the model's budget in bytes; one checkpoint = whole-state of every "
               "windowed/recurrent layer + `interval` rows of every KV layer):", "",
               "| model | weights | ckpt | budget | max paged out | max live caches | max MLX active | "
-              "peak during a request | max squeeze peak above active |", "|---|---|---|---|---|---|---|---|---|"]
+              "max MEM slack | peak during a request | max squeeze peak above active |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in rep["per_model"].items():
         st = s["settings"]
         lines.append(f"| {name} | {_mib(s['weights_bytes'])} | {_mib(st['ckpt_bytes'])} | {_mib(st['budget'])} | "
                      f"{_mib(s['max_paged_out'])} | {_mib(s['max_live'])} | {_mib(s['max_active'])} | "
+                     f"{_mib(s['max_mem_slack'])} | "
                      f"{_mib(s['peak_request'])} | {_mib(s['peak_squeeze_delta'])} |")
-    lines += ["", "MLX active memory includes the weights of every model loaded in the process.", ""]
+    lines += ["", "MLX active memory is process-wide: the weights of every loaded model and the caches of "
+              "every live engine. MEM slack = active - (weights + live caches + paged-out of all live engines); "
+              "the MEM check bounds it by the margin. Peaks are absolute MLX peaks (reset before each operation).",
+              ""]
     if rep["failures"]:
         lines += ["## Failures", ""]
         for f in rep["failures"]:
@@ -123,8 +128,13 @@ def plot(rep: dict, path: Path) -> None:
         ax.legend(fontsize=8)
         ax = axes[row][1]
         ax.plot(x, [mib(r[2]) for r in ser], label="MLX active", lw=1.2)
-        ax.plot(x, [mib(r[2] - r[1] - r[3]) for r in ser], label="active - paged out - live caches", lw=1)
-        ax.set_title(f"{name}: MLX active memory (all loaded models)")
+        ax.plot(x, [mib(r[2] - r[6]) for r in ser], label="weights + live caches + paged out (all engines)", lw=1)
+        ax2 = ax.twinx()
+        ax2.plot(x, [mib(r[6]) for r in ser], color="green", lw=0.8, label="slack = active - that (MEM margin "
+                 f"{rep['tolerance']['mem_margin'] >> 20} MiB)")
+        ax2.set_ylabel("slack MiB", color="green")
+        ax2.legend(fontsize=8, loc="lower right")
+        ax.set_title(f"{name}: MLX active memory (process-wide)")
         ax.set_xlabel("operation")
         ax.set_ylabel("MiB")
         ax.legend(fontsize=8)

@@ -34,8 +34,9 @@ def test_fuzz_smoke_campaign(tmp_path):
         assert s["ideal"] <= s["prefilled"] <= s["no_cache"], (name, s["ideal"], s["prefilled"], s["no_cache"])
         assert s["reused"] + s["prefilled"] == s["no_cache"], name
         assert len(s["series"]) == s["ops"], name
-        for _, paged, active, live, budget, _kind in s["series"]:
+        for _, paged, active, live, budget, _kind, slack in s["series"]:
             assert active >= s["weights_bytes"] + live, name     # E1 itself is an oracle check per operation
+            assert slack <= rep["tolerance"]["mem_margin"], name
         assert s["max_paged_out"] == max(r[1] for r in s["series"]), name
     t = rep["totals"]
     assert t["ideal"] <= t["prefilled"] <= t["no_cache"]
