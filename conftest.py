@@ -2,9 +2,11 @@
 
 ci:      bounded and derandomised (seeded; the seed is printed), no deadline.
 dev:     the default for local runs.
+crosshair: the optional hypothesis-crosshair backend, when installed.
 nightly: many more examples and longer state-machine runs.
 Select with HYPOTHESIS_PROFILE; CI=true selects "ci".
 """
+import importlib.util
 import os
 
 from hypothesis import HealthCheck, settings
@@ -18,6 +20,11 @@ settings.register_profile(
 settings.register_profile(
     "nightly", max_examples=5000, stateful_step_count=200, deadline=None, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+if importlib.util.find_spec("hypothesis_crosshair_provider") is not None:
+    # Optional symbolic backend: pip install -e ".[crosshair]", then HYPOTHESIS_PROFILE=crosshair.
+    settings.register_profile(
+        "crosshair", backend="crosshair", max_examples=200, deadline=None, database=None,
+        suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 

@@ -1,5 +1,6 @@
 """Helpers for the spec's own tests (issue 2): the driver convention, a
-readable dump of the trie, and the optional `crosshair` Hypothesis profile.
+readable dump of the trie. (The optional `crosshair` Hypothesis profile is
+registered in the root conftest.py.)
 
 Driver convention (docs/spec.md): after begin(tokens), prefill(), then
 step(tokens[-1]) and step(g) for every produced token g except the last,
@@ -7,21 +8,11 @@ then close(). `check(pc) == []` is asserted after every operation.
 """
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-from hypothesis import HealthCheck, settings
 
 from spec.cache import PrefixCache
 from spec.rules import check
 from spec.trie import Layer
-
-if importlib.util.find_spec("hypothesis_crosshair_provider") is not None:
-    # Optional: `pip install -e ".[crosshair]"`, then `pytest --hypothesis-profile=crosshair`
-    # (docs/spec.md: HYPOTHESIS_PROFILE=crosshair also needs the root conftest to know the profile).
-    settings.register_profile(
-        "crosshair", backend="crosshair", max_examples=200, deadline=None, database=None,
-        suppress_health_check=list(HealthCheck))
 
 HYBRID = (Layer("kv", 2), Layer("windowed", 3, window=6), Layer(None), Layer("recurrent", 10))
 PURE_KV = (Layer("kv", 2), Layer("kv", 1))
