@@ -1,0 +1,84 @@
+"""Cancellation at every chunk boundary of a long prompt (REFERENCE section 2, step 6).
+
+For every k, a fresh Engine gets a cancel callable that answers True from its (k+1)-th call: the
+Engine asks it before each prefill chunk and after each decoded token, so k = 0..C-1 stops the prefill
+after k chunks and k = C (the number of chunks) stops the decode after its first token. Then:
+  - the request reports cancelled, with no tokens (or one, for k = C) and stats that add up;
+  - close() kept every capture the prefill crossed (a user node ending at each) and none it did not
+    reach, and paged out the frontier at the live offset;
+  - the same request again resumes from there (stats.resumed >= the last crossed capture; exactly the
+    offset reached when the prefill was cut), and its first logits and greedy tokens equal an
+    uncancelled run's (C1 against the stock oracle).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from impl.engine import Engine
+from test_engine_support import (TOL, ForwardSpy, assert_stats_consistent, cold_stock, greedy_agrees, max_abs,
+                                 nodes)
+
+CASES = [("qwen3next", 70, 8, 4), ("gemma3", 70, 8, 4), ("mamba2", 70, 8, 4), ("smollm2", 26, 8, 2)]
+INTERVAL, NEAR_END = 16, 4
+
+
+class CancelAfter:
+    def __init__(self, k: int):
+        self.k, self.calls = k, 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return self.calls > self.k
+
+
+@pytest.mark.parametrize("name,n,chunk,new", CASES)
+def test_cancel_at_every_chunk_boundary(name, n, chunk, new, models):
+    lm = models[name]
+    prompt = np.random.default_rng(11).integers(1, lm.vocab_size, n).tolist()
+    make = lambda: Engine(lm, chunk_size=chunk, capture_interval=INTERVAL, near_end=NEAR_END, check_rules=True)
+    captures = sorted(set(range(INTERVAL, n, INTERVAL)) | {n - NEAR_END})
+
+    ref_engine = make()
+    spy = ForwardSpy(ref_engine)
+    ref = ref_engine.generate(prompt, new, stop_at_eos=False)
+    chunks = [c for c in spy.calls if c[1] <= n - 1]
+    assert chunks[-1][1] == n - 1 and len(chunks) == len(spy.calls) - new
+    oracle = cold_stock(lm, prompt, new)
+    assert max_abs(ref.first_logits, oracle.first_logits) <= TOL[name]
+
+    for k in range(len(chunks) + 1):
+        e = make()
+        cancel = CancelAfter(k)
+        r = e.generate(prompt, new, cancel=cancel, stop_at_eos=False)
+        assert r.cancelled, k
+        in_prefill = k < len(chunks)
+        if in_prefill:
+            reached = chunks[k - 1][1] if k else 0                 # the end of the last chunk run
+            assert r.tokens == [] and r.first_logits is None, k
+            assert r.stats.prefilled == reached and e.dump_json()["offset"] == reached, (k, r.stats)
+        else:
+            reached = n                                            # the whole prompt; the token is not fed
+            assert r.tokens == ref.tokens[:1], k                   # cancelled after the first token
+            assert e.dump_json()["offset"] == n
+        assert_stats_consistent(r, n)
+        crossed = [c for c in captures if c <= reached]
+        assert r.stats.captures == len(crossed), (k, r.stats, crossed)
+        user_ends = {s_e for _, s_e, user, _, _ in nodes(e) if user}
+        assert set(crossed) <= user_ends, (k, crossed, e.dump())
+        assert not {c for c in captures if c > reached} & {end for _, end, *_ in nodes(e)}, e.dump()
+        if reached:
+            frontier = [x for x in nodes(e) if x[3]][-1]
+            assert frontier[1] == reached and "-" not in frontier[4], e.dump()   # paged out, all layers
+
+        again = e.generate(prompt, new, stop_at_eos=False)
+        assert not again.cancelled
+        last = crossed[-1] if crossed else 0
+        assert again.stats.resumed >= last, (k, again.stats, crossed)
+        if in_prefill:
+            assert again.stats.resumed == reached, (k, again.stats)
+        assert again.tokens == ref.tokens, k
+        d = max_abs(again.first_logits, oracle.first_logits)
+        assert d <= TOL[name], (k, d)
+        ok, why = greedy_agrees(again.tokens, oracle)
+        assert ok, why
