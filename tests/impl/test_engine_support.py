@@ -13,12 +13,14 @@ with no cache at all):
     prefill; `test_oracle_media_matches_stock_without_media` ties it to the stock oracle.
 
 Tolerance (float32, CPU, OpenBLAS): the Engine prefills in chunks cut at captures and resumes from
-restored state, the oracle runs one forward, so reduction orders differ. Largest |Δ| of the first
-decode logits measured over the conversation property (hundreds of requests per model):
-SmolLM2 ~4e-5 (logits up to ~35), gemma3 ~2.5e-5, qwen3next ~1e-5, mamba2 ~3e-6 (chunked scan).
-TOL is about 5-10x those; every real restore error seen here is >= 1e-2 (a split media item: ~0.1-3,
-the windowed live-restore bug: ~3.5), orders of magnitude above it. Greedy tokens must be identical;
-the only excuse is a float tie: the oracle's top-2 margin at the first divergence below TIE.
+restored state, the oracle runs one forward, so reduction orders differ. Largest |delta| of the first
+decode logits measured over the conversation property (ci run plus 60 dev examples per hybrid, ~300
+requests per model, with and without media): SmolLM2 ~5e-5 (logits up to ~35), gemma3 ~5e-5,
+qwen3next ~4e-5, mamba2 ~5e-6 (chunked scan). TOL is about 5x those; every real restore error seen
+here is >= 1e-2 (a non-causal item split across two forwards: 0.1-3.9, the windowed live-resume bug:
+~3.5, the same-fold gap: 0.1-3.5), two orders of magnitude above it. Greedy tokens must be identical;
+the only excuse is a float tie: the oracle's top-2 margin at the first divergence below TIE (never
+needed so far).
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from impl.engine import Engine, _arrays
 from impl.media import check_media, spans as noncausal
 from impl.trie import walk
 
-TOL = {"smollm2": 2.5e-4, "gemma3": 1.5e-4, "qwen3next": 1e-4, "mamba2": 3e-5}
+TOL = {"smollm2": 2.5e-4, "gemma3": 2.5e-4, "qwen3next": 2e-4, "mamba2": 3e-5}
 TIE = 1e-3
 UNLIMITED = 1 << 62
 
