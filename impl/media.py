@@ -2,7 +2,8 @@
 
 Invariants kept here (REFERENCE section 1, M1-M3):
   - Every position of an item's placeholder run has the item's fold key: a
-    hash of its bytes and dims with FOLD_BIT set; token ids are below
+    hash of its bytes and preprocessing (dims, placeholder length, causality:
+    everything that decides how it is evaluated) with FOLD_BIT set; token ids are below
     TOKEN_LIMIT < FOLD_BIT, so a fold never equals a token id.
   - An item's features are derived deterministically from its bytes: the
     same item always gets the same input embeddings.
@@ -38,7 +39,8 @@ class Media:
 
     @property
     def fold(self) -> int:
-        digest = hashlib.sha256(bytes(self.data) + repr(tuple(self.dims)).encode()).digest()
+        preprocessing = (tuple(self.dims), self.length, self.causal)   # all that decides its evaluation
+        digest = hashlib.sha256(bytes(self.data) + repr(preprocessing).encode()).digest()
         return FOLD_BIT | (int.from_bytes(digest[:8], "big") & (FOLD_BIT - 1))
 
     def features(self, hidden: int, scale: float) -> np.ndarray:

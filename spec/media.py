@@ -20,14 +20,17 @@ TOKEN_LIMIT = 1 << 31
 FOLD_BIT = 1 << 62
 
 
-def fold_key(data: bytes, dims: tuple[int, ...] = ()) -> int:
+def fold_key(data: bytes, dims: tuple[int, ...] = (), length: int = 0, causal: bool = False) -> int:
     """The key of every position of a media item: a hash of its bytes and
-    preprocessing dims, with FOLD_BIT set so it never equals a token id.
+    preprocessing (dims, and the placeholder length and causality that the
+    dims determine in a real model), with FOLD_BIT set so it never equals a
+    token id. Two items share keys only if they are evaluated identically: a
+    stored prefix of one item's run is never reused for a different item.
 
     post: __return__ & FOLD_BIT
     post: TOKEN_LIMIT <= __return__ < 2 * FOLD_BIT
     """
-    digest = hashlib.sha256(bytes(data) + repr(tuple(dims)).encode()).digest()
+    digest = hashlib.sha256(bytes(data) + repr((tuple(dims), length, causal)).encode()).digest()
     return FOLD_BIT | (int.from_bytes(digest[:8], "big") & (FOLD_BIT - 1))
 
 
@@ -45,7 +48,7 @@ class MediaItem:
 
     @property
     def fold(self) -> int:
-        return fold_key(self.data, self.dims)
+        return fold_key(self.data, self.dims, self.length, self.causal)
 
 
 def validate_request(tokens, media=(), vocab_size: int = TOKEN_LIMIT) -> None:

@@ -6,13 +6,14 @@ positions, features from its bytes) + T[24:40]; chunk size 8 (< the item), captu
 falls inside I), near-end 4 (capture at 36); three tokens decoded (two fed back), so close() leaves
 the live offset at 42.
 
-How M3 is reached: trie key runs end only at captures (M2 keeps them off items), close points, P1
-splits (M3 keeps them off items) and divergences between keys. A non-causal item's positions all
-carry the same fold key, so a match can end strictly inside an item only where a stored run of the
-same fold is shorter: request 2 sends the same bytes and dims with a longer run J = [10, 30), whose
-keys match the stored ones up to 24 (the fold identifies bytes and dims, not the run length). M3 makes
-request 2 itself exact; test_same_fold_other_length_then_first_request_again shows what the shared
-keys still get wrong afterwards (FOLD_GAP).
+How M3 is reached: a media item's key (its fold) hashes its bytes, dims, run length and causality,
+so two runs share keys only if they are the same item evaluated the same way, and trie key runs end
+only at captures (M2 keeps them off items), close points, P1 splits (kept off items) and divergences.
+A match can therefore end strictly inside a non-causal item only in a trie that an older version left
+behind (a capture inside an item, the seed's bug, followed by eviction of what came after it). The M3
+test builds exactly that state (split inside the item, tail removed) and shows the resume moves to the
+item's start. An earlier fold of (bytes, dims) alone let a longer run of the same bytes share the
+shorter run's keys and broke C1 (found by these tests); test_other_run_length_gets_other_keys keeps it.
 
 Oracle: media prompts are checked against our caches with no prefix cache (test_engine_support.cold_ours):
 one forward of the whole prompt. mlx-lm's stock caches cannot build a bidirectional block.
@@ -36,8 +37,13 @@ ATTENTION = ["qwen3next", "gemma3", "smollm2"]       # mamba2 has no attention: 
 def prompts(lm):
     T = np.random.default_rng(3).integers(1, lm.vocab_size, 60).tolist()
     I = Media(10, 14, b"cat.png", (2, 7))
-    J = Media(10, 20, b"cat.png", (2, 7))            # same bytes and dims (same fold), longer run
+    J = Media(10, 20, b"cat.png", (2, 7))            # same bytes and dims, a longer run: other keys
     return T, (T[:10] + [0] * 14 + T[24:40], I), (T[:10] + [0] * 20 + T[30:44], J)
+
+
+def after_item(T, I):
+    """The same item again, then another tail: the match runs through the whole item."""
+    return T[:10] + [0] * 14 + T[44:60]
 
 
 def engine(lm, **kw):
@@ -72,24 +78,44 @@ def test_noncausal_item_m1_m2_then_m3(name, models):
     assert_c1(lm, p1, [I], r1, what="request 1")
 
     spy.calls.clear()
-    r2 = e.generate(p2, 3, media=[J], stop_at_eos=False)
+    T = prompts(lm)[0]
+    p2 = after_item(T, I)
+    r2 = e.generate(p2, 3, media=[I], stop_at_eos=False)
     assert_stats_consistent(r2, len(p2))
-    # M3: the stored keys match J's up to 24, strictly inside J: the match moves back to J's start
-    assert r2.stats.matched == J.pos == 10, r2.stats
-    whole_state = any(k != "kv" for k in lm.layer_kinds if k)
-    if whole_state:
-        assert r2.stats.resumed == 0, r2.stats      # no checkpoint at 10: the state exists only at 24
-    else:
-        assert r2.stats.resumed == 10, r2.stats     # KV resumes anywhere: exactly at J's start
-    assert forward_covering(spy.calls, J.pos) == (10, 30), spy.calls      # M1: all of J in one forward
-    assert not any(strictly_inside(q, J) for _, q in spy.calls), spy.calls
-    # trie: request 2 branches off at 24, where I's run of the fold ends and J's goes on (the only
-    # boundary inside J, see the module doc); its own captures: 16 -> J's end 30 (M2), 32, 40 (near end)
-    assert [n[:4] for n in nodes(e)] == [(0, 24, True, True), (24, 32, True, False), (32, 36, True, False),
-                                         (36, 42, False, False), (24, 30, True, True), (30, 32, True, True),
-                                         (32, 40, True, True), (40, 46, False, True)], e.dump()
+    # the same item again: the match runs through it; every layer resumes at or after its end
+    assert r2.stats.matched == 24 and r2.stats.resumed == 24, r2.stats
+    assert not any(strictly_inside(q, I) for _, q in spy.calls), spy.calls
     assert not any(strictly_inside(x, I) for x in node_ends(e)), e.dump()
-    assert_c1(lm, p2, [J], r2, what="request 2 (M3)")
+    assert_c1(lm, p2, [I], r2, what="request 2")
+
+
+def truncate_inside(e, at):
+    """The trie an older version could leave: a node boundary strictly inside an item (a capture
+    there, the seed's bug) and everything after it evicted. Splits the node holding `at` and
+    removes the tail's subtree (the frontier must be elsewhere)."""
+    from impl.trie import walk
+    node = next(n for n in walk(e.pc.root) if n is not e.pc.root and n.start < at < n.end)
+    tail = next(iter(e.pc.trie.split(node, at).children.values()))
+    for n in reversed(list(walk(tail))):
+        e.pc.trie.remove_leaf(n)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_m3_match_ending_inside_an_item_resumes_at_its_start(name, models):
+    lm = models[name]
+    T, (p1, I), _ = prompts(lm)
+    e = engine(lm)
+    e.generate(p1, 3, media=[I], stop_at_eos=False)
+    e.generate(T[40:52], 2, stop_at_eos=False)                 # move the frontier elsewhere
+    truncate_inside(e, 16)
+    assert 16 in node_ends(e), e.dump()
+    p2 = after_item(T, I)
+    r2 = e.generate(p2, 3, media=[I], stop_at_eos=False)
+    # M3: the stored keys match up to 16, strictly inside I: the match moves back to I's start
+    assert r2.stats.matched == I.pos == 10, r2.stats
+    whole_state = any(k != "kv" for k in lm.layer_kinds if k)
+    assert r2.stats.resumed == (0 if whole_state else 10), r2.stats   # KV resumes anywhere; state only at 0
+    assert_c1(lm, p2, [I], r2, what="request 2 (M3)")
 
 
 @pytest.mark.parametrize("name", ["qwen3next", "smollm2"])
@@ -145,12 +171,48 @@ def historical(monkeypatch):
     monkeypatch.setattr(prefix_cache.PrefixCache, "next_chunk", next_chunk)
 
 
+def historical_trie(lm, T, p1, I, check_rules):
+    """With the bug, request 1 leaves a boundary at 16 inside I; the request after it moves the
+    frontier away and eviction takes what followed 16 (here removed directly)."""
+    e = engine(lm, check_rules=check_rules)
+    e.generate(p1, 3, media=[I], stop_at_eos=False)
+    assert 16 in node_ends(e), e.dump()                       # the capture stayed inside I
+    e.generate(T[40:52], 2, stop_at_eos=False)
+    truncate_inside(e, 16) if not any(n[0] == 16 for n in nodes(e)) else _remove_after(e, 16)
+    return e
+
+
+def _remove_after(e, at):
+    from impl.trie import walk
+    head = next(n for n in walk(e.pc.root) if n.end == at)
+    for child in list(head.children.values()):
+        for n in reversed(list(walk(child))):
+            e.pc.trie.remove_leaf(n)
+
+
+def old_fold(monkeypatch):
+    """The fold as the seed's code had it: bytes and dims only (there the run length follows from
+    the dims; here it does not, so a longer run of the same bytes shares the shorter run's keys)."""
+    import hashlib
+
+    from impl.media import FOLD_BIT
+
+    def fold(self):
+        digest = hashlib.sha256(bytes(self.data) + repr(tuple(self.dims)).encode()).digest()
+        return FOLD_BIT | (int.from_bytes(digest[:8], "big") & (FOLD_BIT - 1))
+    monkeypatch.setattr(Media, "fold", property(fold))
+
+
 def test_historical_media_bug_breaks_c1(models, monkeypatch):
-    """SmolLM2 (KV only, captures by arithmetic inside a forward): with the bug, request 1 leaves a
-    node boundary at 16 inside I and request 2 resumes at 24 inside J; its logits miss the cold run."""
+    """SmolLM2, the seed's bug with the seed's fold: request 1 leaves a node boundary at 16 inside I;
+    request 2 sends a longer run J of the same bytes and dims, whose keys match I's up to 24, and
+    resumes at 24, inside J, on rows that attended to I's end: its logits miss the cold run.
+    (With captures and resumes moved off items but that fold, this scenario is still exact for
+    request 2; with the fold of bytes, dims, length and causality it cannot arise at all.)"""
     lm = models["smollm2"]
     _, (p1, I), (p2, J) = prompts(lm)
     historical(monkeypatch)
+    old_fold(monkeypatch)
     e = engine(lm, check_rules=False)
     e.generate(p1, 3, media=[I], stop_at_eos=False)
     assert 16 in node_ends(e), e.dump()                       # the capture stayed inside I
@@ -160,36 +222,30 @@ def test_historical_media_bug_breaks_c1(models, monkeypatch):
         assert_c1(lm, p2, [J], r2, what="historical bug")
 
 
-@pytest.mark.parametrize("name", ["qwen3next", "smollm2"])
-def test_historical_media_bug_breaks_rules(name, models, monkeypatch):
+def test_historical_media_bug_breaks_rules(models, monkeypatch):
     """With rule assertions on, the bug is named at once: M2 at request 1's begin, and (assertions
     switched on only for request 2) M3 at request 2's begin."""
-    lm = models[name]
-    _, (p1, I), (p2, J) = prompts(lm)
+    lm = models["smollm2"]
+    T, (p1, I), _ = prompts(lm)
     historical(monkeypatch)
     with pytest.raises(RuleViolation, match="M2: capture 16 inside"):
         engine(lm).generate(p1, 3, media=[I], stop_at_eos=False)
-    if name == "smollm2":
-        e = engine(lm, check_rules=False)
-        e.generate(p1, 3, media=[I], stop_at_eos=False)
-        e.pc.check = True
-        with pytest.raises(RuleViolation, match="M3: resume 24 inside"):
-            e.generate(p2, 3, media=[J], stop_at_eos=False)
+    e = historical_trie(lm, T, p1, I, check_rules=False)
+    e.pc.check = True
+    with pytest.raises(RuleViolation, match="M3: resume 16 inside"):
+        e.generate(after_item(T, I), 3, media=[I], stop_at_eos=False)
 
 
-FOLD_GAP = ("fold = hash(bytes, dims) identifies neither the run length nor causality: after the M3 request "
-            "above, the live caches hold J's rows for keys [0, 24) that equal I's keys, so asking request 1 again "
-            "resumes on rows that attended to J's later positions (C1 off by ~0.1 on qwen3next, ~0.3 SmolLM2, "
-            "~3.5 gemma3). Unreachable when the placeholder count is a function of (bytes, dims); otherwise fold "
-            "length and causality into the key (impl/media.py) or refuse such items")
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=FOLD_GAP)
-def test_same_fold_other_length_then_first_request_again(models):
+def test_other_run_length_gets_other_keys(models):
+    """Same bytes and dims, another run length: different keys, so after J the first item I is
+    still exact (a fold of bytes and dims alone broke C1 here by ~0.1)."""
     lm = models["qwen3next"]
     _, (p1, I), (p2, J) = prompts(lm)
+    assert I.fold != J.fold and I.fold != Media(I.pos, I.length, I.data, I.dims, causal=True).fold
     e = engine(lm)
     e.generate(p1, 3, media=[I], stop_at_eos=False)
-    e.generate(p2, 3, media=[J], stop_at_eos=False)
+    r2 = e.generate(p2, 3, media=[J], stop_at_eos=False)
+    assert r2.stats.matched == 10, r2.stats                   # J's keys differ from I's at once
+    assert_c1(lm, p2, [J], r2, what="J")
     r = e.generate(p1, 3, media=[I], stop_at_eos=False)        # I again
-    assert_c1(lm, p1, [I], r, what="the first item again after a longer run of the same fold")
+    assert_c1(lm, p1, [I], r, what="the first item again after a longer run of the same bytes")

@@ -5,7 +5,7 @@ Each bug test is paired with the fixed behaviour on the same scenario."""
 from __future__ import annotations
 
 import pytest
-from conftest import HYBRID, KV_REC, PURE_KV, begin, finish, ok, rules, run, tree
+from spec_helpers import HYBRID, KV_REC, PURE_KV, begin, finish, ok, rules, run, tree
 
 import spec.cache
 from spec.cache import PrefixCache

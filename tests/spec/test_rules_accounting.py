@@ -2,7 +2,7 @@
 are in test_rules_mutations.py)."""
 from __future__ import annotations
 
-from conftest import PURE_KV, begin, ok, run
+from spec_helpers import PURE_KV, begin, ok, run
 
 from spec.cache import PrefixCache
 from spec.trie import walk

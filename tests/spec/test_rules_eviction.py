@@ -2,7 +2,7 @@
 merge, and rewinding to an evicted turn."""
 from __future__ import annotations
 
-from conftest import KV_REC, PURE_KV, begin, ok, run, tree
+from spec_helpers import KV_REC, PURE_KV, begin, ok, run, tree
 
 from spec.cache import PrefixCache
 from spec.rules import e2_evictable, e3_victim

@@ -3,10 +3,11 @@ forward, captures land at their end, resumes at their start; causal items
 carry no restriction."""
 from __future__ import annotations
 
-from conftest import KV_REC, PURE_KV, begin, finish, ok, tree
+from spec_helpers import KV_REC, PURE_KV, begin, finish, ok, tree
 
 from spec.cache import PrefixCache
 from spec.media import FOLD_BIT, MediaItem
+from spec.trie import walk
 
 IMG = MediaItem(pos=2, length=4, data=b"img")
 TOKENS = [1, 2, 0, 0, 0, 0, 7, 8]
@@ -44,14 +45,21 @@ def test_m2_capture_inside_an_item_lands_at_its_end():
 
 
 def test_m3_match_ending_inside_an_item_resumes_at_its_start():
+    """A fold hashes bytes, dims, run length and causality, so a match ends inside an item only in a
+    trie an older version left behind: a boundary inside the item (a capture there) with what
+    followed evicted. Build that state, then ask for the same item with another tail."""
     pc = PrefixCache(PURE_KV, near_end=0)
     begin(pc, TOKENS, [IMG])
     finish(pc, TOKENS, [9, 10])
-    # the same media bytes in a longer item: keys agree for 4 positions, then diverge inside it
-    longer = MediaItem(pos=2, length=6, data=b"img")
-    tokens = [1, 2, 0, 0, 0, 0, 0, 0, 5]
-    matched, resume = begin(pc, tokens, [longer])
-    assert (matched, resume) == (2, 2)
+    begin(pc, [5, 6, 7], [])
+    finish(pc, [5, 6, 7], [8])                               # the frontier moves elsewhere
+    node = pc.root.child_starting_with(1)
+    head = pc.store.split(node, 4)                           # a boundary strictly inside IMG [2, 6)
+    for n in reversed(list(walk(head.children[0]))):
+        pc.store.remove_leaf(n)
+    tokens = [1, 2, 0, 0, 0, 0, 3, 4]                        # the same item, another tail
+    matched, resume = begin(pc, tokens, [IMG])
+    assert (matched, resume) == (2, 2)                       # match 4 is inside IMG: back to its start
     assert pc.frontier.end == 2
     assert pc.live[0] == (1, 2)                              # nothing of the item is reused
     finish(pc, tokens, [6])                                  # C1 checked: the item evaluated whole

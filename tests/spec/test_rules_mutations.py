@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from conftest import HYBRID, KV_REC, PURE_KV, begin, ok, rules, run
+from spec_helpers import HYBRID, KV_REC, PURE_KV, begin, ok, rules, run
 
 from spec.cache import PrefixCache
 from spec.media import MediaItem

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import HYBRID, KV_REC, KV_WIN, PURE_KV, begin, finish, ok, run, tree
+from spec_helpers import HYBRID, KV_REC, KV_WIN, PURE_KV, begin, finish, ok, run, tree
 
 from spec.cache import PrefixCache
 from spec.rules import g1_adjacent, g2_merged

@@ -2,7 +2,7 @@
 requests per the driver convention, assert the exact trie and `check == []`."""
 from __future__ import annotations
 
-from conftest import KV_REC, KV_WIN, PURE_KV, begin, finish, run, tree
+from spec_helpers import KV_REC, KV_WIN, PURE_KV, begin, finish, run, tree
 
 from spec.cache import PrefixCache
 from spec.trie import KV, walk
