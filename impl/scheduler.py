@@ -158,6 +158,8 @@ class Scheduler:
                                     budget_bytes=budget_bytes, load_timeout=load_timeout)
         if known_model is None:
             known_model = (lambda _n: True) if engine == "fake" else default_known_model
+        if engine == "fake" and required_bytes is default_required_bytes:
+            required_bytes = lambda _n: 0     # fake runners hold no real model: learn their size at load
         self.factory = runner_factory
         self.device_total = device_total
         self.system_free = system_free
