@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 from urllib.parse import urlencode
 
+import psutil
+
 from spec.scheduler import CLOSED, LOADED, LOADING, NEW, client_transition
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
@@ -378,3 +380,15 @@ def _error_text(data: bytes) -> str:
     except ValueError:
         pass
     return data.decode("utf-8", "replace").strip()
+
+
+def runner_processes() -> list:
+    """This process's live (not zombie) runner descendants: what a close must leave none of (R1)."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "impl.runner" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out

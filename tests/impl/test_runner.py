@@ -18,20 +18,11 @@ import time
 import psutil
 import pytest
 
-from impl.client import RunnerClient, RunnerDied, RunnerRequestError, runner_env
+from impl.client import RunnerClient, RunnerDied, RunnerRequestError, runner_env, runner_processes
 
 MiB = 1 << 20
 
 
-def _runner_children():
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "impl.runner" in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +30,7 @@ def bounded_and_clean():
     faulthandler.dump_traceback_later(90, exit=True)
     yield
     faulthandler.cancel_dump_traceback_later()
-    left = _runner_children()
+    left = runner_processes()
     for p in left:
         p.kill()
     assert not left, f"runner processes survived the test: {left}"

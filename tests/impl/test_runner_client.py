@@ -21,19 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import impl.client as client_mod
-from impl.client import ClientClosed, RunnerClient, RunnerDied, RunnerError
+from impl.client import ClientClosed, RunnerClient, RunnerDied, RunnerError, runner_processes
 from spec.scheduler import IllegalTransition, client_transition, no_orphan_after_close
 
 
-def _runner_children():
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "impl.runner" in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +32,7 @@ def bounded_and_clean():
     faulthandler.dump_traceback_later(120, exit=True)
     yield
     faulthandler.cancel_dump_traceback_later()
-    left = _runner_children()
+    left = runner_processes()
     for p in left:
         p.kill()
     assert not left, f"runner processes survived the test: {left}"
@@ -100,10 +91,10 @@ def test_close_from_every_state_ends_closed():
 def test_load_after_close_refuses_and_starts_nothing():
     c = fake_client()
     c.close()
-    before = _runner_children()
+    before = runner_processes()
     with pytest.raises(ClientClosed, match="R1"):
         c.load()
-    assert c.pid is None and _runner_children() == before
+    assert c.pid is None and runner_processes() == before
 
 
 def test_concurrent_closes_all_return_after_the_reap():
@@ -191,7 +182,7 @@ def test_close_racing_load_never_leaves_a_runner_alive(monkeypatch_popen, close_
     assert c.state == "closed"
     with pytest.raises(ClientClosed):
         c.load()
-    assert not _runner_children()
+    assert not runner_processes()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from impl.client import RunnerClient, RunnerDied, RunnerError
+from impl.client import RunnerClient, RunnerDied, RunnerError, runner_processes
 from impl.scheduler import ModelTooLarge, NotLoaded, Scheduler, SchedulerBusy, UnknownModel
 from spec.scheduler import fit_available, fit_decision, overcommits
 
@@ -24,15 +24,6 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 
-def _runner_children():
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "impl.runner" in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +31,7 @@ def bounded_and_clean():
     faulthandler.dump_traceback_later(120, exit=True)
     yield
     faulthandler.cancel_dump_traceback_later()
-    left = _runner_children()
+    left = runner_processes()
     for p in left:
         p.kill()
     assert not left, f"runner processes survived the test: {left}"
@@ -307,7 +298,7 @@ def test_close_during_load_leaves_no_runner():
     time.sleep(0.3)
     s.close()
     t.join(10)
-    assert not t.is_alive() and not _runner_children()
+    assert not t.is_alive() and not runner_processes()
 
 
 def test_close_to_next_load_gap_is_small(sched):

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from impl.chat import chat
-from impl.client import RunnerClient, runner_env
+from impl.client import RunnerClient, runner_env, runner_processes
 from impl.scheduler import Scheduler
 from impl.server import make_server
 
@@ -25,15 +25,6 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 
-def _runner_children():
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "impl.runner" in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +37,7 @@ def bounded():
 @pytest.fixture(scope="module", autouse=True)
 def clean_at_the_end():
     yield
-    left = _runner_children()
+    left = runner_processes()
     for p in left:
         p.kill()
     assert not left, f"runner processes survived the module: {left}"
@@ -112,7 +103,7 @@ def test_generate_streams_then_lists_trie_and_unloads(server):
     status, data = call(port, "POST", "/api/unload", {"model": "a"})
     assert status == 200 and json.loads(data) == {"model": "a", "unloaded": True}
     assert json.loads(call(port, "GET", "/api/ps")[1])["models"] == []
-    assert not [p for p in _runner_children() if "--model a" in " ".join(p.cmdline())]
+    assert not [p for p in runner_processes() if "--model a" in " ".join(p.cmdline())]
 
 
 BAD = [

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import spec.scheduler as S
+from impl.client import runner_processes
 from spec.scheduler import (CLOSED, EVENTS, LOADED, LOADING, NEW, STATES, IllegalTransition,
                             client_transition, fit_available, fit_decision, fits, lru_idle,
                             no_orphan_after_close, overcommits)
@@ -247,15 +248,6 @@ def test_bug_fit_check_without_the_system_bound_is_caught(monkeypatch):
         run()
 
 
-def _runner_children():
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "impl.runner" in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def _our_child(pid: int) -> bool:
@@ -366,7 +358,7 @@ def test_bug_load_not_under_the_lock_is_caught(monkeypatch):
 
     assert run(None)                 # the real load: nothing survives close
     assert not run(unlocked_load)    # the bug: a runner outlives close, and the check sees it
-    assert not _runner_children()
+    assert not runner_processes()
 
 
 def test_bug_load_allowed_after_close_is_caught(monkeypatch):
