@@ -42,7 +42,7 @@ from impl.prefix_cache import PrefixCache as ImplCache
 from spec.cache import PrefixCache as SpecCache
 from spec.media import MediaItem, keys_of, noncausal_spans
 from spec.rules import c1_cold_equivalence, check
-from spec.trie import Layer
+from spec.trie import Layer, match
 from stateful_tests.abstraction import abstract, canon
 from stateful_tests.tracer import Tracer
 
@@ -79,7 +79,7 @@ MIXES = {
 VOCAB = 4              # token ids 1..VOCAB: a tiny vocabulary, so prefixes are shared everywhere
 PLACEHOLDER = 0        # the token id under a media item's run (keys_of replaces it by the fold)
 CHUNKS = (1, 2, 3, 5, 8)
-INTERVALS = (0, 0, 4, 6, 10)
+INTERVALS = (0, 3, 4, 6, 10)
 NEAR_ENDS = (0, 2, 4)
 BUDGETS = (0, 60, 150, 400, 1 << 40)   # bytes; a 10-token KV edge is 160 B
 
@@ -150,7 +150,7 @@ def compose(base_tokens, base_media, text, media) -> tuple:
 text_st = st.lists(st.integers(1, VOCAB), max_size=8)
 nonempty_text_st = st.lists(st.integers(1, VOCAB), min_size=1, max_size=12)
 media_st = st.lists(st.builds(Media, at=st.integers(0, 8), length=st.integers(1, 5),
-                              data=st.sampled_from([b"a", b"b"]), causal=st.booleans()), max_size=2)
+                              data=st.sampled_from([b"a", b"b"]), causal=st.booleans()), max_size=3)
 
 STATS = {"steps": 0, "seconds": 0.0, "runs": 0}
 
@@ -229,9 +229,13 @@ class ConformanceMachine(RuleBasedStateMachine):
         keys, spans = keys_of(tokens, items), noncausal_spans(items)
         a = self.sp.begin(list(tokens), list(items))
         b = self.ip.begin(keys, spans)
-        assert a == b, f"conformance mismatch in begin (matched, resume): spec {a}, impl {b}"
+        inside = lambda x: any(p < x < e for p, e in spans)
+        assert a == b, f"conformance mismatch in begin (matched, resume): spec {a}, impl {b}" + (
+            " (M3: impl's match or resume is strictly inside a non-causal item)" if any(map(inside, b)) else "")
         sa, sb = list(self.sp.request.schedule), list(self.ip.request.schedule)
-        assert sa == sb, f"conformance mismatch in request.schedule (M2): spec {sa}, impl {sb}"
+        assert sa == sb, f"conformance mismatch in request.schedule: spec {sa}, impl {sb}" + (
+            " (M2: impl schedules a capture strictly inside a non-causal item)"
+            if any(inside(c) for c, _ in sb) else "")
         self.req = Open(tokens, items, keys, spans, tuple(t for t in turns if t <= len(base)))
         self._stepped()
 
@@ -274,6 +278,22 @@ class ConformanceMachine(RuleBasedStateMachine):
         base, base_media = conv.prefix(end)
         self._begin(base, base_media, text, media, conv.turns)
 
+    @precondition(idle)
+    @rule(conv=conversations, item=st.integers(0, 3), length=st.integers(1, 6), causal=st.booleans(),
+          text=text_st)
+    def resend_media(self, conv, item, length, causal, text):
+        """Re-send the prompt up to one of `conv`'s media items with that item's
+        bytes again, `length` keys long and causal or not: a match running up
+        to (M3) or diverging at an item, captures falling inside it (M2). (Since
+        folds hash the run length and causality, a match can no longer end
+        strictly inside an item through requests alone.)"""
+        if not conv.media:
+            return self.new_conversation(text or [1], [])
+        m = conv.media[item % len(conv.media)]
+        base, base_media = conv.prefix(m.pos)
+        self._begin(base, base_media, [PLACEHOLDER] * length + list(text),
+                    [Media(at=0, length=length, data=m.data, causal=causal)], conv.turns)
+
     # --------------------------------------------------------- prefill
     @precondition(prefilling)
     @rule()
@@ -299,6 +319,14 @@ class ConformanceMachine(RuleBasedStateMachine):
         self._stepped()
 
     @precondition(prefilling)
+    @rule()
+    def prefill_rest(self):
+        """Prefill chunk by chunk to the end of the prompt (the common case;
+        prefill_chunk interleaves budget changes and cancels with chunks)."""
+        while self.req.prefilled is False:
+            self.prefill_chunk()
+
+    @precondition(prefilling)
     @rule(target=conversations)
     def cancel(self):
         """Cancel mid-prefill: close keeps the captures the forward crossed
@@ -306,18 +334,51 @@ class ConformanceMachine(RuleBasedStateMachine):
         return self._close()
 
     # ---------------------------------------------------------- decode
-    @precondition(decoding)
-    @rule(token=st.integers(1, VOCAB))
-    def produce(self, token):
-        """Decode (section 2, step 5): the forward over the previous token (the
-        prompt's last key first) produces `token`; the last produced token is
-        never evaluated."""
+    def _produce(self, token) -> None:
         r = self.req
         prev = r.produced[-1] if r.produced else r.keys[-1]
         self.sp.step(prev)
         self.tracer.forward(self.ip.offset, [prev])
         self.ip.evaluated([prev])
         r.produced.append(token)
+
+    @precondition(decoding)
+    @rule(tokens=st.lists(st.integers(1, VOCAB), min_size=1, max_size=3))
+    def produce(self, tokens):
+        """Decode (section 2, step 5): each token is produced by one forward
+        over the previous one (the prompt's last key first); the last produced
+        token is never evaluated."""
+        for t in tokens:
+            self._produce(t)
+        self._stepped()
+
+    def stored_next(self):
+        """The key the spec's trie holds right after everything this request
+        has evaluated or produced so far (None if the stored path ends or
+        diverges there)."""
+        r = self.req
+        if r is None or not r.prefilled:
+            return None
+        seq = tuple(r.keys) + tuple(r.produced)
+        walked, k = match(self.sp.root, seq)
+        if k < len(seq):
+            return None
+        last = walked[-1]
+        if last.end > len(seq):
+            return last.edge[len(seq) - last.start]
+        return min((c.edge[0] for c in last.children), default=None, key=repr)
+
+    @precondition(lambda self: self.stored_next() is not None)
+    @rule(count=st.integers(1, 3))
+    def produce_as_before(self, count):
+        """Decode up to `count` tokens the way a stored path continues, as greedy
+        decoding of a regenerated prompt does: the response is a prefix of a
+        stored one, so close lands inside an existing edge and splits it (S3, S4)."""
+        for _ in range(count):
+            t = self.stored_next()
+            if t is None:
+                break
+            self._produce(t)
         self._stepped()
 
     @precondition(decoding)

@@ -60,7 +60,7 @@ def test_machines_replay_as_printed():
     while state.req.prefilled is False:
         state.prefill_chunk()
         run_all_invariants(state)
-    state.produce(token=2)
+    state.produce(tokens=[2, 3])
     conversations_0 = state.close()
     run_all_invariants(state)
     state.edit(conv=conversations_0, at=3, text=[4, 4], media=[])

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from impl.client import RunnerClient, RunnerDied, RunnerRequestError, runner_env, runner_processes
