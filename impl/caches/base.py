@@ -168,3 +168,25 @@ class LayerCache:
         for s in snaps:
             if s is not None and not s.closed:
                 s.close()
+
+
+class WholeStateCache(LayerCache):
+    """What the two whole-state kinds (windowed, recurrent) share: a snapshot is the state at one
+    offset, so merging keeps the newer state (G2) and splitting leaves it on the tail (S4)."""
+
+    def merge(self, a: Optional[Snapshot], b: Optional[Snapshot]) -> Optional[Snapshot]:
+        for s in (a, b):
+            if s is not None:
+                self._check_snapshot(s)
+        if a is not None and b is not None and a.end > b.end:
+            raise MergeError(f"G1: merge order: the older state (offset {a.end}) is after the newer ({b.end})")
+        self._close_quietly(a)
+        return b
+
+    def split(self, snap: Optional[Snapshot], at: int):
+        if snap is None:
+            return None, None
+        self._check_snapshot(snap)
+        if not isinstance(at, int) or not 0 < at < snap.end:
+            raise CacheError(f"split point {at!r} is not strictly inside (0, {snap.end})")
+        return None, snap

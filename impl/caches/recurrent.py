@@ -24,7 +24,7 @@ from typing import Optional
 
 import mlx.core as mx
 
-from .base import CacheError, LayerCache, MergeError, Snapshot
+from .base import CacheError, Snapshot, WholeStateCache
 from .captures import CaptureSchedule
 
 
@@ -43,7 +43,7 @@ class StateSnapshot(Snapshot):
         self.arrays = None
 
 
-class RecurrentCache(LayerCache):
+class RecurrentCache(WholeStateCache):
     kind = "recurrent"
 
     def __init__(self, size: int, layer: Optional[int] = None):
@@ -172,23 +172,6 @@ class RecurrentCache(LayerCache):
         self.cache = [None if a is None else mx.contiguous(a) for a in snap.arrays]
         self.offset = snap.end
         return True
-
-    def merge(self, a: Optional[StateSnapshot], b: Optional[StateSnapshot]):
-        for s in (a, b):
-            if s is not None:
-                self._check_snapshot(s)
-        if a is not None and b is not None and a.end > b.end:
-            raise MergeError(f"G1: merge order: the older state (offset {a.end}) is after the newer ({b.end})")
-        self._close_quietly(a)
-        return b
-
-    def split(self, snap: Optional[StateSnapshot], at: int):
-        if snap is None:
-            return None, None
-        self._check_snapshot(snap)
-        if not isinstance(at, int) or not 0 < at < snap.end:
-            raise CacheError(f"split point {at!r} is not strictly inside (0, {snap.end})")
-        return None, snap
 
     def free(self) -> None:
         self._sched.clear()

@@ -25,7 +25,7 @@ from typing import Optional
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 
-from .base import CacheError, LayerCache, MergeError, Snapshot
+from .base import CacheError, Snapshot, WholeStateCache
 from .captures import CaptureSchedule
 from .masks import span_mask, spans_touching
 
@@ -46,7 +46,7 @@ class WindowSnapshot(Snapshot):
         self.keys = self.values = None
 
 
-class WindowedCache(LayerCache):
+class WindowedCache(WholeStateCache):
     kind = "windowed"
     step = 256
     keep = 0
@@ -267,23 +267,6 @@ class WindowedCache(LayerCache):
         self.offset = target
         self._idx = keep
         return True
-
-    def merge(self, a: Optional[WindowSnapshot], b: Optional[WindowSnapshot]):
-        for s in (a, b):
-            if s is not None:
-                self._check_snapshot(s)
-        if a is not None and b is not None and a.end > b.end:
-            raise MergeError(f"G1: merge order: the older state (offset {a.end}) is after the newer ({b.end})")
-        self._close_quietly(a)
-        return b
-
-    def split(self, snap: Optional[WindowSnapshot], at: int):
-        if snap is None:
-            return None, None
-        self._check_snapshot(snap)
-        if not isinstance(at, int) or not 0 < at < snap.end:
-            raise CacheError(f"split point {at!r} is not strictly inside (0, {snap.end})")
-        return None, snap
 
     def free(self) -> None:
         self._sched.clear()
