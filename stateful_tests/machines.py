@@ -40,7 +40,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 from impl.invariants import violations as impl_violations
 from impl.prefix_cache import PrefixCache as ImplCache
 from spec.cache import PrefixCache as SpecCache
-from spec.media import MediaItem, keys_of, noncausal_spans
+from spec.media import TOKEN_LIMIT, MediaItem, keys_of, noncausal_spans
 from spec.rules import c1_cold_equivalence, check
 from spec.trie import Layer, match
 from stateful_tests.abstraction import abstract, canon
@@ -365,8 +365,10 @@ class ConformanceMachine(RuleBasedStateMachine):
             return None
         last = walked[-1]
         if last.end > len(seq):
-            return last.edge[len(seq) - last.start]
-        return min((c.edge[0] for c in last.children), default=None, key=repr)
+            nxt = last.edge[len(seq) - last.start]
+        else:
+            nxt = min((c.edge[0] for c in last.children), default=None, key=repr)
+        return nxt if nxt is not None and nxt < TOKEN_LIMIT else None   # a media fold is not a token
 
     @precondition(lambda self: self.stored_next() is not None)
     @rule(count=st.integers(1, 3))
