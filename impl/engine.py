@@ -134,7 +134,9 @@ class Engine:
         return check_media(media, len(tokens))
 
     # ---------------------------------------------------------- forward
-    def _forward(self, tokens, p: int, media, request_spans) -> mx.array:
+    def _forward(self, tokens, p: int, media, request_spans, logits: bool = True) -> mx.array | None:
+        """One model forward at offset p. A prefill chunk (logits=False) evaluates only the caches:
+        the vocabulary projection of its positions is never computed."""
         q = p + len(tokens)
         hits = [m for m in media if m.pos < q and p < m.end]
         if hits:
@@ -149,14 +151,14 @@ class Engine:
             if c is not None:
                 c.attention_spans = request_spans
         try:
-            logits = forward(self.model, mx.array([list(map(int, tokens))]), self.caches)
-            mx.eval(logits, *[a for c in self.caches if c is not None for a in _arrays(c)])
+            out = forward(self.model, mx.array([list(map(int, tokens))]), self.caches)
+            mx.eval(*([out] if logits else []), *[a for c in self.caches if c is not None for a in _arrays(c)])
         finally:
             self.embedding.patch = None
             for c in self.caches:
                 if c is not None:
                     c.attention_spans = []
-        return logits
+        return out if logits else None
 
     # --------------------------------------------------------- generate
     def generate(self, prompt, max_tokens: int = 16, media=(), sampler=greedy, cancel=None, on_token=None,
@@ -179,7 +181,7 @@ class Engine:
                     break
                 p, q = chunk
                 f0 = time.perf_counter()
-                self._forward(tokens[p:q], p, media, spans)
+                self._forward(tokens[p:q], p, media, spans, logits=False)
                 fwd += time.perf_counter() - f0
                 self.pc.evaluated(keys[p:q])
             if not cancelled:

@@ -211,9 +211,9 @@ class ForwardSpy:
         self.calls = []
         inner = engine._forward
 
-        def spy(tokens, p, media, spans):
+        def spy(tokens, p, media, spans, **kw):
             self.calls.append((p, p + len(tokens)))
-            return inner(tokens, p, media, spans)
+            return inner(tokens, p, media, spans, **kw)
         engine._forward = spy
 
 
