@@ -50,10 +50,15 @@ class Media:
 
 
 def check_media(media, n_tokens: int) -> list:
-    items = sorted(media, key=lambda m: m.pos)
-    for m in items:
+    for m in media:
         if not isinstance(m, Media):
             raise BadRequest(f"media item {m!r} is not a Media")
+        for name in ("pos", "length"):
+            v = getattr(m, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise BadRequest(f"media item {name} {v!r} is not an int (position and length count tokens)")
+    items = sorted(media, key=lambda m: m.pos)
+    for m in items:
         if m.length <= 0:
             raise BadRequest(f"media item at position {m.pos} has length {m.length} <= 0")
         if m.pos < 0 or m.end > n_tokens:

@@ -59,13 +59,7 @@ CASES = [
 ]
 
 
-KNOWN = {   # refused, and nothing changes, but not with BadRequest (impl/media.py, not the Engine)
-    "media not a Media": "impl.media.check_media sorts by .pos before its isinstance check: AttributeError",
-    "media float pos": "impl.media.check_media does not check that pos/length are ints: TypeError from "
-                       "prompt_keys (raised before begin)",
-}
-TABLE = [pytest.param(c, id=c[0], marks=[pytest.mark.xfail(raises=(AttributeError, TypeError), reason=KNOWN[c[0]])]
-                      if c[0] in KNOWN else []) for c in CASES]
+TABLE = [pytest.param(c, id=c[0]) for c in CASES]
 
 
 @pytest.fixture(scope="module", params=["qwen3next", "gemma3"])
