@@ -172,7 +172,33 @@ class LayerCache:
 
 class WholeStateCache(LayerCache):
     """What the two whole-state kinds (windowed, recurrent) share: a snapshot is the state at one
-    offset, so merging keeps the newer state (G2) and splitting leaves it on the tail (S4)."""
+    offset, taken only at a write boundary (subclasses provide `_capture(base, offset)`,
+    `_eval_captures()` and a `_sched` CaptureSchedule); merging keeps the newer state (G2) and
+    splitting leaves it on the tail (S4)."""
+
+    def snapshot(self, start: int) -> Optional[Snapshot]:
+        self._check_target(start)
+        if start > self.offset:
+            raise CacheError(f"snapshot start {start} is past the cache offset {self.offset}")
+        s = self._capture(start, self.offset)
+        self._eval_captures()
+        return s
+
+    def prepare_captures(self, offsets) -> None:
+        self._sched.prepare(self.offset, offsets)
+        if self.offset in self._sched.offsets:
+            self._sched.reach(self.offset, self._capture)
+            self._eval_captures()
+
+    def take_captures(self) -> list:
+        self._eval_captures()
+        return self._sched.take()
+
+    def captures_inside(self, n: int) -> list[int]:
+        if not self._sched.active or n < 2:
+            return []
+        return self._sched.pending_in(self.offset + 1, self.offset + n - 1)
+
 
     def merge(self, a: Optional[Snapshot], b: Optional[Snapshot]) -> Optional[Snapshot]:
         for s in (a, b):

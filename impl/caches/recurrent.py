@@ -122,29 +122,6 @@ class RecurrentCache(WholeStateCache):
             mx.eval(live)
         self._unevaluated = []
 
-    def snapshot(self, start: int) -> Optional[StateSnapshot]:
-        self._check_target(start)
-        if start > self.offset:
-            raise CacheError(f"snapshot start {start} is past the cache offset {self.offset}")
-        s = self._capture(start, self.offset)
-        self._eval_captures()
-        return s
-
-    def prepare_captures(self, offsets) -> None:
-        self._sched.prepare(self.offset, offsets)
-        if self.offset in self._sched.offsets:
-            self._sched.reach(self.offset, self._capture)
-            self._eval_captures()
-
-    def take_captures(self) -> list:
-        self._eval_captures()
-        return self._sched.take()
-
-    def captures_inside(self, n: int) -> list[int]:
-        if not self._sched.active or n < 2:
-            return []
-        return self._sched.pending_in(self.offset + 1, self.offset + n - 1)
-
     def can_restore(self, snap: Optional[StateSnapshot], target: int) -> bool:
         self._check_target(target)
         if snap is None:

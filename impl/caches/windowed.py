@@ -203,34 +203,11 @@ class WindowedCache(WholeStateCache):
         self._unevaluated.append(s)
         return s
 
-    def snapshot(self, start: int) -> Optional[WindowSnapshot]:
-        self._check_target(start)
-        if start > self.offset:
-            raise CacheError(f"snapshot start {start} is past the cache offset {self.offset}")
-        s = self._capture(start, self.offset)
-        self._eval_captures()
-        return s
-
     def _eval_captures(self) -> None:
         live = [s for s in self._unevaluated if not s.closed]
         if live:
             mx.eval([(s.keys, s.values) for s in live])
         self._unevaluated = []
-
-    def prepare_captures(self, offsets) -> None:
-        self._sched.prepare(self.offset, offsets)
-        if self.offset in self._sched.offsets:
-            self._sched.reach(self.offset, self._capture)
-            self._eval_captures()
-
-    def take_captures(self) -> list:
-        self._eval_captures()
-        return self._sched.take()
-
-    def captures_inside(self, n: int) -> list[int]:
-        if not self._sched.active or n < 2:
-            return []
-        return self._sched.pending_in(self.offset + 1, self.offset + n - 1)
 
     def can_restore(self, snap: Optional[WindowSnapshot], target: int) -> bool:
         self._check_target(target)
