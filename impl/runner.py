@@ -357,13 +357,12 @@ class RunnerState:
         return out
 
 
-class RunnerHandler(BaseHTTPRequestHandler):
-    server_version = "impl-runner/0.1"
-    state: RunnerState  # set on the subclass
+class JSONHandler(BaseHTTPRequestHandler):
+    """The JSON plumbing of the runner's and the server's handlers: replies, and request bodies
+    bounded by `_body_limit()` (a BadRequest with 411/413 otherwise)."""
 
-    def log_message(self, fmt, *a):  # keep stderr for real diagnostics
-        if os.environ.get("IMPL_RUNNER_VERBOSE"):
-            super().log_message(fmt, *a)
+    def _body_limit(self) -> int:
+        return MAX_BODY_BYTES
 
     def _send_json(self, status: int, obj) -> None:
         data = (json.dumps(obj) + "\n").encode()
@@ -383,9 +382,21 @@ class RunnerHandler(BaseHTTPRequestHandler):
             raise BadRequest("bad Content-Length")
         if n < 0:
             raise BadRequest("bad Content-Length")
-        if n > self.state.args.max_body_bytes:
-            raise BadRequest(f"body of {n} bytes exceeds the limit of {self.state.args.max_body_bytes}", 413)
+        if n > self._body_limit():
+            raise BadRequest(f"body of {n} bytes exceeds the limit of {self._body_limit()}", 413)
         return self.rfile.read(n)
+
+
+class RunnerHandler(JSONHandler):
+    server_version = "impl-runner/0.1"
+    state: RunnerState  # set on the subclass
+
+    def log_message(self, fmt, *a):  # keep stderr for real diagnostics
+        if os.environ.get("IMPL_RUNNER_VERBOSE"):
+            super().log_message(fmt, *a)
+
+    def _body_limit(self) -> int:
+        return self.state.args.max_body_bytes
 
     def do_GET(self):
         st = self.state

@@ -19,18 +19,18 @@ import json
 import signal
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Optional
 from urllib.parse import parse_qs, urlparse
 
 from impl.client import RunnerDied, RunnerError, RunnerRequestError
-from impl.runner import MAX_BODY_BYTES, BadRequest, is_loopback, peer_gone, validate_generate
+from impl.runner import MAX_BODY_BYTES, BadRequest, JSONHandler, is_loopback, peer_gone, validate_generate
 from impl.scheduler import Scheduler, SchedulerError
 
 DEFAULT_PORT = 11435
 
 
-class ServerHandler(BaseHTTPRequestHandler):
+class ServerHandler(JSONHandler):
     server_version = "impl-server/0.1"
     scheduler: Scheduler
     limits: dict
@@ -40,27 +40,8 @@ class ServerHandler(BaseHTTPRequestHandler):
             super().log_message(fmt, *a)
 
     # ------------------------------------------------------------ plumbing
-    def _send_json(self, status: int, obj) -> None:
-        data = (json.dumps(obj) + "\n").encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _body_json(self) -> dict:
-        length = self.headers.get("Content-Length")
-        if length is None:
-            raise BadRequest("Content-Length required", 411)
-        try:
-            n = int(length)
-        except ValueError:
-            raise BadRequest("bad Content-Length")
-        if n < 0:
-            raise BadRequest("bad Content-Length")
-        if n > self.limits["max_body_bytes"]:
-            raise BadRequest(f"body of {n} bytes exceeds the limit of {self.limits['max_body_bytes']}", 413)
-        return self.rfile.read(n)
+    def _body_limit(self) -> int:
+        return self.limits["max_body_bytes"]
 
     @staticmethod
     def _model_field(obj) -> str:
@@ -119,7 +100,7 @@ class ServerHandler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         try:
             if url.path == "/api/generate":
-                body = self._body_json()
+                body = self._read_body()
                 try:
                     obj = json.loads(body)
                 except (ValueError, UnicodeDecodeError) as e:
@@ -131,7 +112,7 @@ class ServerHandler(BaseHTTPRequestHandler):
                 self._generate(model, req)
             elif url.path == "/api/unload":
                 try:
-                    obj = json.loads(self._body_json())
+                    obj = json.loads(self._read_body())
                 except (ValueError, UnicodeDecodeError) as e:
                     raise BadRequest(f"malformed JSON: {e}")
                 model = self._model_field(obj)
