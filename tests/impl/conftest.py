@@ -60,3 +60,19 @@ class Oracle:
 @pytest.fixture(scope="session")
 def oracle():
     return Oracle()
+
+
+@pytest.fixture
+def bounded_and_clean():
+    """A test that starts runner processes: a watchdog, and no runner may survive it (R1)."""
+    import faulthandler
+
+    from impl.client import runner_processes
+
+    faulthandler.dump_traceback_later(120, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+    left = runner_processes()
+    for p in left:
+        p.kill()
+    assert not left, f"runner processes survived the test: {left}"

@@ -5,7 +5,6 @@ Every test is bounded (a faulthandler watchdog ends a hung test) and leaves no r
 """
 from __future__ import annotations
 
-import faulthandler
 import http.client
 import importlib.util
 import json
@@ -21,18 +20,7 @@ from impl.client import RunnerClient, RunnerDied, RunnerRequestError, runner_env
 
 MiB = 1 << 20
 
-
-
-
-@pytest.fixture(autouse=True)
-def bounded_and_clean():
-    faulthandler.dump_traceback_later(90, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
-    left = runner_processes()
-    for p in left:
-        p.kill()
-    assert not left, f"runner processes survived the test: {left}"
+pytestmark = pytest.mark.usefixtures("bounded_and_clean")
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import faulthandler
 import os
 import signal
 import subprocess
@@ -24,18 +23,7 @@ import impl.client as client_mod
 from impl.client import ClientClosed, RunnerClient, RunnerDied, RunnerError, runner_processes
 from spec.scheduler import IllegalTransition, client_transition, no_orphan_after_close
 
-
-
-
-@pytest.fixture(autouse=True)
-def bounded_and_clean():
-    faulthandler.dump_traceback_later(120, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
-    left = runner_processes()
-    for p in left:
-        p.kill()
-    assert not left, f"runner processes survived the test: {left}"
+pytestmark = pytest.mark.usefixtures("bounded_and_clean")
 
 
 def reaped(pid: int) -> bool:

@@ -5,7 +5,6 @@ reads the system's free memory from psutil.
 """
 from __future__ import annotations
 
-import faulthandler
 import os
 import signal
 import subprocess
@@ -23,18 +22,7 @@ from spec.scheduler import fit_available, fit_decision, overcommits
 GiB = 1 << 30
 MiB = 1 << 20
 
-
-
-
-@pytest.fixture(autouse=True)
-def bounded_and_clean():
-    faulthandler.dump_traceback_later(120, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
-    left = runner_processes()
-    for p in left:
-        p.kill()
-    assert not left, f"runner processes survived the test: {left}"
+pytestmark = pytest.mark.usefixtures("bounded_and_clean")
 
 
 class Figures:
