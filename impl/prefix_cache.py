@@ -35,6 +35,12 @@ def _inside(x: int, spans) -> tuple | None:
     return next(((a, e) for a, e in spans if a < x < e), None)
 
 
+def _chunk_end(q: int, spans) -> int:
+    """M1: a chunk that would end strictly inside a non-causal span ends at the span's end."""
+    span = _inside(q, spans)
+    return span[1] if span else q
+
+
 def schedule(n: int, resume: int, matched: int, spans, interval: int, near_end: int) -> list:
     """Capture offsets (offset, user) for a prompt of n keys; see spec.cache.schedule."""
     wanted = {}
@@ -225,8 +231,7 @@ class PrefixCache:
         q = min(p + chunk, target)
         if self.whole_state:
             q = min([q] + [c for c, _ in req.schedule if c > p])
-        span = _inside(q, req.spans)
-        return p, (span[1] if span else q)
+        return p, _chunk_end(q, req.spans)
 
     def evaluated(self, keys) -> None:
         """The caller ran the model over `keys` at the live offset."""

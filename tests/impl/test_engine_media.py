@@ -156,19 +156,11 @@ def historical(monkeypatch):
     off items."""
     real_inside = prefix_cache._inside
 
-    def next_chunk(self, chunk):                 # PrefixCache.next_chunk with the real M1 extension
-        req = self.request
-        p, target = self.offset, len(req.keys) - 1
-        if p >= target:
-            return None
-        q = min(p + chunk, target)
-        if self.whole_state:
-            q = min([q] + [c for c, _ in req.schedule if c > p])
-        span = real_inside(q, req.spans)
-        return p, (span[1] if span else q)
-
+    def chunk_end(q, spans):                     # M1 kept: chunks still end at an item's end
+        span = real_inside(q, spans)
+        return span[1] if span else q
+    monkeypatch.setattr(prefix_cache, "_chunk_end", chunk_end)
     monkeypatch.setattr(prefix_cache, "_inside", lambda x, spans: None)
-    monkeypatch.setattr(prefix_cache.PrefixCache, "next_chunk", next_chunk)
 
 
 def historical_trie(lm, T, p1, I, check_rules):
