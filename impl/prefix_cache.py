@@ -57,6 +57,8 @@ def schedule(n: int, resume: int, matched: int, spans, interval: int, near_end: 
 
 @dataclass
 class Stats:
+    """One request's figures: prompt keys, matched, resumed at, prefilled (keys
+    evaluated before decode), captures attached, nodes evicted from begin to close."""
     total: int = 0
     matched: int = 0
     resumed: int = 0
@@ -75,6 +77,7 @@ class Request:
     chunks: list = field(default_factory=list)
     prefilled: bool = False
     stats: Stats = field(default_factory=Stats)
+    evictions_before: int = 0     # the eviction count when the request began
 
 
 class PrefixCache:
@@ -136,7 +139,7 @@ class PrefixCache:
             raise ValueError("begin while a request is open: close it first")
         if len(keys) == 0:
             raise ValueError("empty prompt: a request needs at least one key")
-        t0 = time.perf_counter()
+        t0, evictions_before = time.perf_counter(), self.evictions
         keys, spans = tuple(keys), sorted(tuple(s) for s in spans)
         walked, matched = match(self.root, keys)
         if matched == len(keys):
@@ -152,8 +155,8 @@ class PrefixCache:
         self.path = self._split_at_live(path, resume)
         self.touch(self.frontier)
         plan = schedule(len(keys), resume, matched, spans, self.interval, self.near_end)
-        self.request = Request(keys, spans, matched, resume, plan)
-        self.request.stats = Stats(total=len(keys), matched=matched, resumed=resume)
+        self.request = Request(keys, spans, matched, resume, plan, evictions_before=evictions_before,
+                               stats=Stats(total=len(keys), matched=matched, resumed=resume))
         offsets = [c for c, _ in plan]
         for c in self.caches:
             if c is not None and offsets:
@@ -315,13 +318,12 @@ class PrefixCache:
             self._page_out(self.frontier)
         self._compact()
         self.touch(self.frontier)
-        stats, self.request = self.request.stats, None
-        before = self.evictions
+        req, self.request = self.request, None
         self._evict()
-        stats.evictions += self.evictions - before
+        req.stats.evictions = self.evictions - req.evictions_before
         self.bookkeeping_s += time.perf_counter() - t0
         self._checked("close")
-        return stats
+        return req.stats
 
     # ------------------------------------------------ compaction, eviction
     def _compact(self) -> None:
@@ -333,29 +335,23 @@ class PrefixCache:
                 self.trie.merge_with_child(n)
             else:
                 i += 1
-        assert not self.check or not [n for n in self.path[1:-1] if not n.user and len(n.children) == 1], \
-            "P2: compaction left a non-user single-child node on the active path"
 
     def evictable(self, n: Node) -> bool:
         """E2: all but the root, the frontier and branch points."""
         return n is not self.root and n is not self.frontier and len(n.children) < 2
 
     def evict_order(self, n: Node) -> tuple:
-        return (n.last_used, -n.end, -n.bytes(), n.path_keys())
+        """E3: least recently used first; ties deeper first, then larger first.
+        (_victim breaks the remaining ties by key path, computed only then.)"""
+        return (n.last_used, -n.end, -n.bytes())
 
     def _victim(self) -> Node | None:
-        best, ties = None, []
-        for n in walk(self.root):
-            if not self.evictable(n):
-                continue
-            k = (n.last_used, -n.end, -n.bytes())
-            if best is None or k < best:
-                best, ties = k, [n]
-            elif k == best:
-                ties.append(n)
-        if not ties:
+        candidates = [n for n in walk(self.root) if self.evictable(n)]
+        if not candidates:
             return None
-        return ties[0] if len(ties) == 1 else min(ties, key=lambda n: n.path_keys())
+        best = min(map(self.evict_order, candidates))
+        ties = [n for n in candidates if self.evict_order(n) == best]
+        return min(ties, key=Node.path_keys)
 
     def _evict(self) -> None:
         while self.trie.counter > self.budget:

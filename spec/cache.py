@@ -108,6 +108,7 @@ class PrefixCache:
         self.path = [self.store.root]
         self.clock = 0
         self.request: Request | None = None
+        self.evictions = 0                      # nodes evicted so far (impl reports them per request)
 
     @property
     def root(self) -> Node:
@@ -355,6 +356,7 @@ class PrefixCache:
             if not victims:
                 return
             v = min(victims, key=self.evict_order)
+            self.evictions += 1
             if v.children:                        # E4
                 if v.children[0] in self.path:
                     self.path.remove(v.children[0])
