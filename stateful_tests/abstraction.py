@@ -34,6 +34,7 @@ def abstract(pc, layers, tracer, chunk: int) -> SpecCache:
     sp.offset = pc.offset
     sp.seq = list(pc.seq)
     sp.clock = pc.clock
+    sp.evictions = pc.evictions
     sp.live = [() if c is None else tracer.live(i, tuple(pc.seq)) for i, c in enumerate(tracer.caches)]
     r = pc.request
     if r is not None:
@@ -51,5 +52,6 @@ def canon(pc) -> dict:
                 tuple(node(c) for c in sorted(n.children, key=lambda c: repr(c.edge[0]))))
     r = pc.request
     return {"offset": pc.offset, "seq": tuple(pc.seq), "counter": pc.store.counter, "clock": pc.clock,
+            "evictions": pc.evictions,
             "path": tuple(n.end for n in pc.path), "tree": node(pc.root), "live": tuple(pc.live),
             "request": None if r is None else (r.matched, r.resume, tuple(r.chunks), r.prefilled)}

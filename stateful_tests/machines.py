@@ -19,7 +19,20 @@ invariants in name order, so the names carry the order):
     rules_hold_on_impl            spec.rules.check(abstract(impl)) is empty
     rules_hold_on_spec            spec.rules.check(spec) is empty
     spec_equals_impl              canon(abstract(impl)) == canon(spec), field by
-                                  field (tree, live content, path, counter, clock…)
+                                  field (tree, live content, path, counter, clock,
+                                  evictions…)
+
+then the checks of what impl reports to people (after the rules, so that a
+broken rule is reported as such):
+
+    tooling_bookkeeping_time_is_measured    bookkeeping_s starts at 0, never
+                                            decreases, grows by at most the wall
+                                            time passed
+    tooling_close_reports_the_spec_figures  the Stats of the request closed last
+                                            (total, matched, resumed, prefilled,
+                                            captures, evictions) are the spec's
+    tooling_dumps_describe_the_spec_trie    dump() and dump_json() show the spec's
+                                            trie node for node
 
 A failure prints the steps as a runnable program (Hypothesis does this for
 state machines); the arguments are plain lists, ints, and `Media(...)`
@@ -31,7 +44,9 @@ near-end distance, chunk size and budget are drawn in `configure`.
 """
 from __future__ import annotations
 
+import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
@@ -79,7 +94,7 @@ MIXES = {
 VOCAB = 4              # token ids 1..VOCAB: a tiny vocabulary, so prefixes are shared everywhere
 PLACEHOLDER = 0        # the token id under a media item's run (keys_of replaces it by the fold)
 CHUNKS = (1, 2, 3, 5, 8)
-INTERVALS = (0, 3, 4, 6, 10)
+INTERVALS = (0, 1, 2, 3, 4, 6, 10)
 NEAR_ENDS = (0, 2, 4)
 BUDGETS = (0, 60, 150, 400, 1 << 40)   # bytes; a 10-token KV edge is 160 B
 
@@ -124,6 +139,11 @@ class Open:
     turns: tuple
     produced: list = field(default_factory=list)
     prefilled: bool = False
+    begun: tuple = (0, 0)      # (matched, resume) both sides agreed on
+    schedule: tuple = ()       # the capture schedule both sides agreed on
+    evictions: int = 0         # the spec's eviction count before begin
+    attached_at: int | None = None   # the offset reached when captures attached
+    chunks: list = field(default_factory=list)   # the prefill chunks evaluated
 
 
 def compose(base_tokens, base_media, text, media) -> tuple:
@@ -185,6 +205,7 @@ class ConformanceMachine(RuleBasedStateMachine):
         self.sp = self.ip = self.tracer = None
         self.req: Open | None = None
         self._abs = None
+        self._closed_stats = None     # (impl's, spec's) figures of the request closed last
         self._t0 = time.perf_counter()
         self.steps = 0
 
@@ -196,6 +217,7 @@ class ConformanceMachine(RuleBasedStateMachine):
         empty; captures every `interval` keys and `near_end` before a prompt's
         end (section 2, step 2); prefill chunks of `chunk` keys."""
         self.chunk = chunk
+        self._bookkeeping = (0.0, time.perf_counter())
         self.sp = SpecCache(self.LAYERS, budget=budget, interval=interval, near_end=near_end, chunk=chunk)
         self.tracer = Tracer(self.LAYERS)
         self.ip = ImplCache(self.tracer.caches, budget=budget, interval=interval, near_end=near_end,
@@ -227,6 +249,7 @@ class ConformanceMachine(RuleBasedStateMachine):
         they must agree on (matched, resume) and on the capture schedule (M2)."""
         tokens, items = compose(base, base_media, text, media)
         keys, spans = keys_of(tokens, items), noncausal_spans(items)
+        evictions = self.sp.evictions
         a = self.sp.begin(list(tokens), list(items))
         b = self.ip.begin(keys, spans)
         inside = lambda x: any(p < x < e for p, e in spans)
@@ -236,7 +259,8 @@ class ConformanceMachine(RuleBasedStateMachine):
         assert sa == sb, f"conformance mismatch in request.schedule: spec {sa}, impl {sb}" + (
             " (M2: impl schedules a capture strictly inside a non-causal item)"
             if any(inside(c) for c, _ in sb) else "")
-        self.req = Open(tokens, items, keys, spans, tuple(t for t in turns if t <= len(base)))
+        self.req = Open(tokens, items, keys, spans, tuple(t for t in turns if t <= len(base)),
+                        begun=a, schedule=tuple(sa), evictions=evictions)
         self._stepped()
 
     @precondition(idle)
@@ -310,10 +334,12 @@ class ConformanceMachine(RuleBasedStateMachine):
             p, q = ch
             self.tracer.forward(p, r.keys[p:q], r.spans)
             self.ip.evaluated(r.keys[p:q])
+            r.chunks.append(ch)
         impl_done = self.ip.next_chunk(self.chunk) is None
         assert spec_chunk == ch, f"conformance mismatch in the prefill chunk (M1): spec {spec_chunk}, impl {ch}"
         assert spec_done == impl_done, f"conformance mismatch in prefill completion: spec {spec_done}, impl {impl_done}"
         if impl_done:
+            r.attached_at = self.ip.offset
             self.ip.prefilled()
             r.prefilled = True
         self._stepped()
@@ -392,9 +418,15 @@ class ConformanceMachine(RuleBasedStateMachine):
 
     def _close(self) -> Conv:
         r = self.req
+        reached = self.sp.offset if r.attached_at is None else r.attached_at
         self.sp.close()
-        self.ip.close()
+        stats = self.ip.close()
         self.req = None
+        want = {"total": len(r.keys), "matched": r.begun[0], "resumed": r.begun[1],
+                "prefilled": sum(q - p for p, q in r.chunks),
+                "captures": sum(c <= reached for c, _ in r.schedule),
+                "evictions": self.sp.evictions - r.evictions}
+        self._closed_stats = ({k: getattr(stats, k) for k in want}, want)
         tokens = r.tokens + tuple(r.produced)
         self._stepped()
         return Conv(tokens, r.media, len(r.tokens), r.turns + (len(tokens),))
@@ -415,6 +447,18 @@ class ConformanceMachine(RuleBasedStateMachine):
         return self._abs
 
     @invariant()
+    def tooling_bookkeeping_time_is_measured(self):
+        """impl's bookkeeping_s (the overhead figure the benchmarks report)
+        starts at 0, never decreases, and grows by at most the wall time that
+        passed since the last check."""
+        if self.ip is None:
+            return
+        (before, since), now, b = self._bookkeeping, time.perf_counter(), self.ip.bookkeeping_s
+        assert before <= b <= before + (now - since), \
+            f"bookkeeping_s went from {before} to {b} in {now - since:.6f} s of wall time"
+        self._bookkeeping = (b, now)
+
+    @invariant()
     def c1_live_equals_cold_prefill(self):
         """C1: every layer's live content (decoded from the real caches) equals
         a cold prefill of the keys evaluated so far; the spec's too."""
@@ -422,6 +466,30 @@ class ConformanceMachine(RuleBasedStateMachine):
             return
         v = c1_cold_equivalence(self.abstraction()) + [f"(spec) {x}" for x in c1_cold_equivalence(self.sp)]
         assert not v, "C1 violated: " + "; ".join(map(str, v))
+
+    @invariant()
+    def tooling_close_reports_the_spec_figures(self):
+        """The Stats close() returned (what the Engine and the benchmarks
+        report) are the spec's figures for that request."""
+        if self._closed_stats is not None:
+            (got, want), self._closed_stats = self._closed_stats, None
+            assert got == want, f"request stats from close: impl {got}, spec {want}"
+
+    @invariant()
+    def tooling_dumps_describe_the_spec_trie(self):
+        """The dumps a maintainer reads (GET /trie as text and as JSON) tell
+        the truth: node for node, the spec's offsets, bytes, flags, clock and
+        snapshots; the header's offset, paged-out counter and budget."""
+        if self.ip is None:
+            return
+        want_json, want_text = spec_dump_view(self.sp)
+        got = self.ip.dump_json()
+        head = {k: got[k] for k in ("offset", "paged_out", "budget", "clock")}
+        assert head == want_json["head"], f"dump_json header {head}, spec {want_json['head']}"
+        assert json_dump_nodes(got["root"]) == want_json["nodes"], \
+            f"dump_json nodes {json_dump_nodes(got['root'])}, spec {want_json['nodes']}"
+        text = text_dump_view(self.ip.dump())
+        assert text == want_text, f"dump text {text}, spec {want_text}"
 
     @invariant()
     def impl_own_invariants(self):
@@ -461,6 +529,73 @@ class ConformanceMachine(RuleBasedStateMachine):
                                  else f"{k}: spec {cs[k]!r}, impl {ca[k]!r}")
             raise AssertionError("conformance mismatch in " + ", ".join(repr(k) for k in cs if ca[k] != cs[k])
                                  + ":\n  " + "\n  ".join(diffs))
+
+
+def _size(pc, i, s) -> int:
+    return getattr(s, "size", None) or s.nbytes(pc.layers[i])
+
+
+def spec_dump_view(sp) -> tuple:
+    """What impl's dump_json() and dump() must show for the spec state `sp`:
+    ({"head": ..., "nodes": Counter of node rows}, (header, Counter of text rows)).
+    Rows are (depth, start, end, ...) so that sibling order does not matter."""
+    active, frontier = {id(n) for n in sp.path}, sp.path[-1]
+    rows, text = Counter(), Counter()
+
+    def visit(n, depth):
+        snaps = tuple(None if n.snaps.get(i) is None else
+                      (s.kind, s.start, s.end, s.lazy, _size(sp, i, s)) for i, s in
+                      ((i, n.snaps.get(i)) for i in range(len(sp.layers))))
+        nbytes = sum(x[4] for x in snaps if x is not None)
+        rows[(depth, n.start, n.end, len(n.edge), nbytes, n.user, id(n) in active, n.last_used, snaps)] += 1
+        kinds = "".join("-" if x is None else "v" if x[0] == "kv" and x[3] else x[0][0]
+                        for x, layer in zip(snaps, sp.layers) if layer.kind is not None)
+        flags = frozenset(f for f, on in (("user", n.user), ("active", id(n) in active),
+                                          ("frontier", n is frontier)) if on)
+        text[(depth, None if n is sp.store.root else (n.start, n.end, len(n.edge), nbytes, kinds), flags)] += 1
+        for c in n.children:
+            visit(c, depth + 1)
+    visit(sp.store.root, 0)
+    head = {"offset": sp.offset, "paged_out": sp.store.counter, "budget": sp.budget, "clock": sp.clock}
+    header = (sp.offset, sp.store.counter, sp.budget, sum(text.values()))
+    return {"head": head, "nodes": rows}, (header, text)
+
+
+def json_dump_nodes(root) -> Counter:
+    """impl's dump_json()["root"] as the rows of spec_dump_view."""
+    rows = Counter()
+
+    def visit(d, depth):
+        snaps = tuple(None if s is None else (s["kind"], s["start"], s["end"], s["lazy"], s["bytes"])
+                      for s in d["snapshots"])
+        rows[(depth, d["start"], d["end"], d["tokens"], d["bytes"], d["user"], d["active"], d["last_used"],
+              snaps)] += 1
+        assert d["age_s"] >= 0, f"negative age in dump_json: {d}"
+        for c in d["children"]:
+            visit(c, depth + 1)
+    visit(root, 0)
+    return rows
+
+
+_DUMP_HEADER = re.compile(r"^prefix cache: offset (\d+), paged out (\d+) B \(budget (\d+)\), nodes (\d+)$")
+_DUMP_LINE = re.compile(r"^(?P<indent> *)(?:root|\[(\d+),(\d+)\) (\d+)t (\d+)B ([-kvwr]*)) age \d+\.\d{3}s"
+                        r"(?: \((?P<flags>[a-z, ]+)\))?$")
+
+
+def text_dump_view(dump: str) -> tuple:
+    """impl's dump() text as the (header, rows) of spec_dump_view."""
+    first, *lines = dump.splitlines()
+    m = _DUMP_HEADER.match(first)
+    assert m, f"dump header unreadable: {first!r}"
+    rows = Counter()
+    for line in lines:
+        d = _DUMP_LINE.match(line)
+        assert d, f"dump line unreadable: {line!r}"
+        start, end, tokens, nbytes, kinds = d.groups()[1:6]
+        node = None if start is None else (int(start), int(end), int(tokens), int(nbytes), kinds)
+        flags = frozenset(d.group("flags").split(", ")) if d.group("flags") else frozenset()
+        rows[(len(d.group("indent")) // 2, node, flags)] += 1
+    return tuple(int(x) for x in m.groups()), rows
 
 
 def machine_for(name: str, base=ConformanceMachine, **attrs) -> type:

@@ -25,8 +25,9 @@ del _case
 
 
 def run_all_invariants(state) -> None:
-    for name in ("c1_live_equals_cold_prefill", "impl_own_invariants", "rules_hold_on_impl",
-                 "rules_hold_on_spec", "spec_equals_impl"):
+    for name in ("c1_live_equals_cold_prefill", "impl_own_invariants", "rules_hold_on_impl", "rules_hold_on_spec",
+                 "spec_equals_impl", "tooling_bookkeeping_time_is_measured", "tooling_close_reports_the_spec_figures",
+                 "tooling_dumps_describe_the_spec_trie"):
         getattr(state, name)()
 
 
