@@ -1,0 +1,242 @@
+"""Directed cases for impl's trie and prefix cache, on the tracer's real MLX
+caches: what the conformance machines cannot reach through requests alone, or
+do not look at. Each case names the rule or contract it holds; the nightly
+mutation run (stateful_tests/mutation.py) found the gaps they close.
+
+- bad input: every refusal names what was wrong and changes nothing;
+- defaults and checked mode: impl's defaults are the spec's, `check=True`
+  reports a broken rule after the operation that broke it, `check=False`
+  stays silent;
+- trie primitives: split/merge/remove/append keep the clocks and links that
+  eviction order (E3) reads later; a disowned snapshot no longer reports to
+  the counter (A1);
+- E3 ties: the eviction order on tries whose nodes share last-used times;
+- a trie left by an older version (a stored path ending inside what is now a
+  non-causal item): the match floors to the item's start (M3) and a capture
+  that starts before its node is clipped to the edge (S1);
+- a windowed layer rewinds live to the common prefix (no snapshot needed).
+"""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from impl.invariants import RuleViolation
+from impl.prefix_cache import PrefixCache as ImplCache
+from impl.trie import Node, Trie, walk
+from spec.cache import PrefixCache as SpecCache
+from spec.rules import c1_cold_equivalence, check
+from stateful_tests.abstraction import abstract, canon
+from stateful_tests.machines import KvWindowedMachine, kv, recurrent, windowed
+from stateful_tests.test_conformance import run_all_invariants
+from stateful_tests.tracer import Tracer
+
+LAYERS = (kv(), recurrent())
+
+
+def cache(layers=LAYERS, **kw):
+    tracer = Tracer(layers)
+    return ImplCache(tracer.caches, **kw), tracer
+
+
+def run(pc, tracer, keys, spans=(), produce=(), chunk=4):
+    """One request: begin, prefill in chunks, decode `produce`, close."""
+    result = pc.begin(keys, spans)
+    while (ch := pc.next_chunk(chunk)) is not None:
+        p, q = ch
+        tracer.forward(p, keys[p:q], spans)
+        pc.evaluated(keys[p:q])
+    pc.prefilled()
+    last = keys[-1]
+    for k in produce:
+        tracer.forward(pc.offset, [last], ())
+        pc.evaluated([last])
+        last = k
+    stats = pc.close()
+    return result, stats
+
+
+def state(pc, tracer, layers=LAYERS):
+    return canon(abstract(pc, layers, tracer, 4))
+
+
+def assert_sound(pc, tracer, layers=LAYERS):
+    a = abstract(pc, layers, tracer, 4)
+    assert check(a) == [] and c1_cold_equivalence(a) == []
+
+
+# ------------------------------------------------------------ bad input
+def test_refusals_name_the_problem_and_change_nothing():
+    pc, tracer = cache(budget=10_000, interval=2, near_end=1)
+    run(pc, tracer, (1, 2, 3, 4, 5), produce=(6, 7))
+    before = state(pc, tracer)
+    with pytest.raises(ValueError, match=r"^budget -1 < 0$"):
+        pc.set_budget(-1)
+    with pytest.raises(ValueError, match=r"^empty prompt: a request needs at least one key$"):
+        pc.begin(())
+    with pytest.raises(ValueError, match=r"^close without an open request$"):
+        pc.close()
+    assert state(pc, tracer) == before and pc.budget == 10_000
+    pc.begin((1, 2, 9))
+    opened = state(pc, tracer)
+    with pytest.raises(ValueError, match=r"^begin while a request is open: close it first$"):
+        pc.begin((1, 2, 3))
+    assert state(pc, tracer) == opened
+    with pytest.raises(ValueError, match=r"^budget -5 < 0$"):
+        ImplCache(tracer.caches, budget=-5)
+
+
+def test_trie_primitives_refuse_bad_arguments():
+    pc, tracer = cache(budget=1 << 40, near_end=0)
+    run(pc, tracer, (1, 2, 3, 4, 5, 6), produce=(7,))          # one node [0, 6)
+    run(pc, tracer, (1, 2, 3, 8, 8), produce=(8,))             # split at 3: [0,3) -> [3,6), [3,5)
+    trie, before = pc.trie, state(pc, tracer)
+    head = next(iter(trie.root.children.values()))
+    leaf = next(iter(head.children.values()))
+    assert (head.start, head.end, len(head.children)) == (0, 3, 2)
+    for at in (0, 3, 7, -1):
+        with pytest.raises(ValueError, match=rf"^split at {at} outside \(0, 3\)$"):
+            trie.split(head, at)
+    with pytest.raises(ValueError, match=r"^merge_with_child needs exactly one child, <Node \[0, 3\)> has 2$"):
+        trie.merge_with_child(head)
+    with pytest.raises(ValueError, match=rf"^merge_with_child needs exactly one child, {leaf!r} has 0$".replace(
+            "[", r"\[").replace(")", r"\)")):
+        trie.merge_with_child(leaf)
+    with pytest.raises(ValueError, match=r"^remove_leaf needs a non-root leaf, got <Node \[0, 3\)>$"):
+        trie.remove_leaf(head)
+    with pytest.raises(ValueError, match=r"^remove_leaf needs a non-root leaf, got <Node \[0, 0\)>$"):
+        trie.remove_leaf(trie.root)
+    assert state(pc, tracer) == before
+
+
+# -------------------------------------------------- defaults, checked mode
+def test_defaults_are_the_specs():
+    ours, spec = inspect.signature(ImplCache).parameters, inspect.signature(SpecCache).parameters
+    for name in ("budget", "interval", "near_end"):
+        assert ours[name].default == spec[name].default, name
+    assert ours["check"].default is False         # checked mode costs a full walk per operation: opt in
+
+
+@pytest.mark.parametrize("operation", ["begin", "attach", "close", "set_budget"])
+def test_checked_mode_names_the_operation_that_broke_a_rule(operation):
+    pc, tracer = cache(interval=0, near_end=1, check=True)
+    run(pc, tracer, (1, 2, 3, 4))
+    keys = (1, 2, 3, 4, 5, 6)
+
+    def corrupt():
+        pc.trie.counter += 1                       # A1: the counter no longer sums the snapshots
+    if operation == "begin":
+        corrupt()
+        with pytest.raises(RuleViolation, match=r"^after begin: A1"):
+            pc.begin(keys)
+        return
+    pc.begin(keys)                                 # schedules a capture at 5 (near_end 1)
+    while (ch := pc.next_chunk(8)) is not None:
+        tracer.forward(ch[0], keys[ch[0]:ch[1]], ())
+        pc.evaluated(keys[ch[0]:ch[1]])
+    if operation != "attach":
+        pc.prefilled()                             # attach, uncorrupted
+    corrupt()
+    act = {"attach": pc.prefilled, "close": pc.close, "set_budget": lambda: pc.set_budget(1 << 40)}[operation]
+    with pytest.raises(RuleViolation, match=rf"^after {operation}: A1"):
+        act()
+
+
+def test_unchecked_mode_stays_silent():
+    pc, tracer = cache(near_end=1)
+    run(pc, tracer, (1, 2, 3, 4))
+    pc.trie.counter += 1
+    pc.set_budget(1 << 40)                         # no RuleViolation: check=False is the default
+    run(pc, tracer, (1, 2, 3, 4, 5))
+
+
+# ------------------------------------------------------ trie primitives
+def test_split_append_merge_keep_the_clocks_and_links():
+    pc, tracer = cache(budget=1 << 40, near_end=0)
+    run(pc, tracer, (1, 2, 3, 4, 5, 6), produce=(7,))
+    trie = pc.trie
+    node = next(iter(trie.root.children.values()))
+    node.last_used, node.used_at = 41, 123.0
+    head = trie.split(node, 2)
+    assert (head.last_used, head.used_at) == (41, 123.0) and (node.last_used, node.used_at) == (41, 123.0)
+    assert head.parent is trie.root and node.parent is head and head.children == {node.edge[0]: node}
+    child = trie.append_child(node, (9, 9))
+    assert (child.start, child.end, child.last_used, child.parent) == (node.end, node.end + 2, 41, node)
+    child.last_used, child.used_at = 50, 200.0
+    node.last_used, node.used_at = 60, 100.0
+    trie.remove_leaf(child)
+    assert child.parent is None and node.children == {}
+    trie.merge_with_child(head)
+    assert (head.last_used, head.used_at, head.end) == (60, 123.0, 6)
+
+
+def test_a_disowned_snapshot_no_longer_reports_to_the_counter():
+    """A1: once a node gives a lazy KV view up, its materialisation is nobody's bytes."""
+    pc, tracer = cache(layers=(kv(),), budget=1 << 40, near_end=0)
+    run(pc, tracer, (1, 2, 3, 4, 5), produce=(6,))
+    node = next(iter(pc.trie.root.children.values()))
+    view = pc.trie.disown(node, 0)
+    assert view.lazy and pc.counter == 0
+    tracer.caches[0].free()                        # the live buffer goes: the view copies its rows out
+    assert not view.lazy and view.size > 0 and pc.counter == 0
+    view.close()
+
+
+# ------------------------------------------------------------- E3 ties
+@settings(max_examples=40, deadline=None)
+@given(prompts=st.lists(st.lists(st.integers(1, 3), min_size=2, max_size=9), min_size=2, max_size=6),
+       clocks=st.lists(st.integers(0, 2), min_size=12, max_size=12), budget=st.integers(0, 400))
+def test_eviction_order_with_tied_clocks_is_the_specs(prompts, clocks, budget):
+    """E3 on tries whose nodes share last-used times (requests alone rarely
+    tie them: every touch ticks the clock): least recently used, then deeper,
+    then larger, then by key path, victim after victim, as the spec evicts."""
+    layers = (kv(), recurrent())
+    pc, tracer = cache(layers=layers, budget=1 << 40, interval=3, near_end=2)
+    for p in prompts:
+        run(pc, tracer, tuple(p), produce=(p[0],))
+    for n, c in zip(walk(pc.root), clocks * 4):
+        n.last_used = c
+    spec = abstract(pc, layers, tracer, 4)
+    spec.set_budget(budget)
+    pc.set_budget(budget)
+    assert canon(abstract(pc, layers, tracer, 4)) == canon(spec)
+
+
+# ---------------------------------------------- a trie from an older version
+def test_legacy_trie_floors_the_match_and_clips_the_capture():
+    """Request 3 treats keys 3..7 as one non-causal item that requests 1 and 2
+    stored as plain tokens, with a node boundary at 5, inside it (a trie an
+    older version left behind: folds now hash causality, so requests cannot
+    produce this). The match (5) floors to the item's start (M3), the
+    capture at the item's end starts at the resume offset, before the node
+    it lands on, and is clipped to that node's edge (S1)."""
+    layers = (kv(),)
+    pc, tracer = cache(layers=layers, budget=1 << 40, near_end=1)
+    run(pc, tracer, (1, 2, 3))                     # [0, 2)
+    run(pc, tracer, (1, 2, 3, 4, 5, 6))            # [2, 4), [4, 5)
+    keys, spans = (1, 2, 3, 4, 5, 7, 7, 7, 7), [(3, 8)]
+    (matched, resume), _ = run(pc, tracer, keys, spans)
+    assert (matched, resume) == (3, 3)
+    ends = {(n.start, n.end): n.snaps[0] for n in walk(pc.root) if n is not pc.root}
+    assert (5, 8) in ends and (ends[(5, 8)].start, ends[(5, 8)].end) == (5, 8)
+    assert_sound(pc, tracer, layers)
+
+
+# ------------------------------------------------------ windowed live rewind
+def test_windowed_layer_rewinds_live_to_the_common_prefix():
+    """A window that has not wrapped can rewind live to where the next prompt
+    diverges; no snapshot exists there, and none is needed (spec: source 'live')."""
+    s = KvWindowedMachine()
+    s.configure(chunk=8, interval=0, near_end=0, budget=1 << 40)
+    s.new_conversation(text=[1, 2, 3], media=[])
+    s.prefill_rest()
+    s.produce(tokens=[4])
+    s.close()
+    run_all_invariants(s)
+    s.new_conversation(text=[1, 2, 4, 4], media=[])       # begin compares (matched, resume) with the spec
+    assert s.ip.request.resume == 2
+    s.prefill_rest()
+    run_all_invariants(s)
+    s.teardown()
