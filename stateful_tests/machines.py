@@ -218,6 +218,7 @@ class ConformanceMachine(RuleBasedStateMachine):
         end (section 2, step 2); prefill chunks of `chunk` keys."""
         self.chunk = chunk
         self._bookkeeping = (0.0, time.perf_counter())
+        self._born = time.monotonic()                # node ages in the dumps are at most this old
         self.sp = SpecCache(self.LAYERS, budget=budget, interval=interval, near_end=near_end, chunk=chunk)
         self.tracer = Tracer(self.LAYERS)
         self.ip = ImplCache(self.tracer.caches, budget=budget, interval=interval, near_end=near_end,
@@ -488,8 +489,11 @@ class ConformanceMachine(RuleBasedStateMachine):
         assert head == want_json["head"], f"dump_json header {head}, spec {want_json['head']}"
         assert json_dump_nodes(got["root"]) == want_json["nodes"], \
             f"dump_json nodes {json_dump_nodes(got['root'])}, spec {want_json['nodes']}"
-        text = text_dump_view(self.ip.dump())
+        text, ages = text_dump_view(self.ip.dump())
+        alive = time.monotonic() - self._born + 0.0005       # taken after both dumps; .3f rounds up to 0.5 ms
         assert text == want_text, f"dump text {text}, spec {want_text}"
+        ages += json_dump_ages(got["root"])
+        assert all(0 <= a <= alive for a in ages), f"node ages {ages} outside [0, {alive:.3f}] s"
 
     @invariant()
     def impl_own_invariants(self):
@@ -570,24 +574,35 @@ def json_dump_nodes(root) -> Counter:
                       for s in d["snapshots"])
         rows[(depth, d["start"], d["end"], d["tokens"], d["bytes"], d["user"], d["active"], d["last_used"],
               snaps)] += 1
-        assert d["age_s"] >= 0, f"negative age in dump_json: {d}"
         for c in d["children"]:
             visit(c, depth + 1)
     visit(root, 0)
     return rows
 
 
+def json_dump_ages(root) -> list:
+    """Every node's age_s in dump_json(): a float in seconds, to the microsecond."""
+    ages, stack = [], [root]
+    while stack:
+        d = stack.pop()
+        a = d["age_s"]
+        assert isinstance(a, float) and round(a, 6) == a, f"age_s {a!r} is not seconds to the microsecond"
+        ages.append(a)
+        stack.extend(d["children"])
+    return ages
+
+
 _DUMP_HEADER = re.compile(r"^prefix cache: offset (\d+), paged out (\d+) B \(budget (\d+)\), nodes (\d+)$")
-_DUMP_LINE = re.compile(r"^(?P<indent> *)(?:root|\[(\d+),(\d+)\) (\d+)t (\d+)B ([-kvwr]*)) age \d+\.\d{3}s"
+_DUMP_LINE = re.compile(r"^(?P<indent> *)(?:root|\[(\d+),(\d+)\) (\d+)t (\d+)B ([-kvwr]*)) age (?P<age>-?\d+\.\d{3})s"
                         r"(?: \((?P<flags>[a-z, ]+)\))?$")
 
 
 def text_dump_view(dump: str) -> tuple:
-    """impl's dump() text as the (header, rows) of spec_dump_view."""
+    """impl's dump() text as the (header, rows) of spec_dump_view, and the node ages."""
     first, *lines = dump.splitlines()
     m = _DUMP_HEADER.match(first)
     assert m, f"dump header unreadable: {first!r}"
-    rows = Counter()
+    rows, ages = Counter(), []
     for line in lines:
         d = _DUMP_LINE.match(line)
         assert d, f"dump line unreadable: {line!r}"
@@ -595,7 +610,8 @@ def text_dump_view(dump: str) -> tuple:
         node = None if start is None else (int(start), int(end), int(tokens), int(nbytes), kinds)
         flags = frozenset(d.group("flags").split(", ")) if d.group("flags") else frozenset()
         rows[(len(d.group("indent")) // 2, node, flags)] += 1
-    return tuple(int(x) for x in m.groups()), rows
+        ages.append(float(d.group("age")))
+    return (tuple(int(x) for x in m.groups()), rows), ages
 
 
 def machine_for(name: str, base=ConformanceMachine, **attrs) -> type:

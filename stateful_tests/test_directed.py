@@ -113,10 +113,11 @@ def test_trie_primitives_refuse_bad_arguments():
 
 # -------------------------------------------------- defaults, checked mode
 def test_defaults_are_the_specs():
-    ours, spec = inspect.signature(ImplCache).parameters, inspect.signature(SpecCache).parameters
-    for name in ("budget", "interval", "near_end"):
-        assert ours[name].default == spec[name].default, name
-    assert ours["check"].default is False         # checked mode costs a full walk per operation: opt in
+    layers = (kv(), recurrent())
+    ours, spec = ImplCache(Tracer(layers).caches), SpecCache(layers)
+    assert (ours.budget, ours.interval, ours.near_end) == (spec.budget, spec.interval, spec.near_end)
+    assert ours.check is False                     # checked mode costs a full walk per operation: opt in
+    assert (ours.counter, ours.evictions, ours.bookkeeping_s, ours.clock) == (0, 0, 0.0, 0)
 
 
 @pytest.mark.parametrize("operation", ["begin", "attach", "close", "set_budget"])
@@ -204,6 +205,29 @@ def test_eviction_order_with_tied_clocks_is_the_specs(prompts, clocks, budget):
     assert canon(abstract(pc, layers, tracer, 4)) == canon(spec)
 
 
+def test_last_tie_break_is_the_key_path_not_the_walk_order():
+    """Two leaves [2, 4) with the same edge (3, 3), clock, end and bytes under
+    different parents: the one on the smaller key path goes first, although
+    the walk meets the other first (it was stored first)."""
+    layers = (kv(),)
+    pc, tracer = cache(layers=layers, budget=1 << 40, interval=2, near_end=0)
+    run(pc, tracer, (1, 2, 3, 3), produce=(3,))
+    run(pc, tracer, (1, 1, 3, 3), produce=(3,))
+    run(pc, tracer, (2, 2, 2, 2, 2, 2))            # overwrites the live rows: both leaves own theirs
+    leaves = [n for n in walk(pc.root) if not n.children and n.end == 4]
+    assert [(n.edge, n.path_keys()) for n in leaves] == [((3, 3), (1, 2, 3, 3)), ((3, 3), (1, 1, 3, 3))]
+    assert leaves[0].bytes() == leaves[1].bytes() > 0
+    for n in walk(pc.root):
+        n.last_used = 0
+    spec = abstract(pc, layers, tracer, 4)
+    budget = pc.counter - 1                        # one leaf must go
+    spec.set_budget(budget)
+    pc.set_budget(budget)
+    assert canon(abstract(pc, layers, tracer, 4)) == canon(spec)
+    kept = {n.path_keys() for n in walk(pc.root) if not n.children}
+    assert (1, 2, 3, 3) in kept and (1, 1, 3, 3) not in kept
+
+
 # ---------------------------------------------- a trie from an older version
 def test_legacy_trie_floors_the_match_and_clips_the_capture():
     """Request 3 treats keys 3..7 as one non-causal item that requests 1 and 2
@@ -225,18 +249,35 @@ def test_legacy_trie_floors_the_match_and_clips_the_capture():
 
 
 # ------------------------------------------------------ windowed live rewind
-def test_windowed_layer_rewinds_live_to_the_common_prefix():
-    """A window that has not wrapped can rewind live to where the next prompt
-    diverges; no snapshot exists there, and none is needed (spec: source 'live')."""
+def windowed_program(*prompts):
+    """KvWindowedMachine (kv + a window of 5) through whole conversations:
+    each (prompt, response) is begun (both sides must agree on matched and
+    resume), prefilled, decoded and closed, all invariants after each."""
     s = KvWindowedMachine()
     s.configure(chunk=8, interval=0, near_end=0, budget=1 << 40)
-    s.new_conversation(text=[1, 2, 3], media=[])
-    s.prefill_rest()
-    s.produce(tokens=[4])
-    s.close()
-    run_all_invariants(s)
-    s.new_conversation(text=[1, 2, 4, 4], media=[])       # begin compares (matched, resume) with the spec
-    assert s.ip.request.resume == 2
-    s.prefill_rest()
-    run_all_invariants(s)
+    for prompt, response in prompts:
+        s.new_conversation(text=list(prompt), media=[])
+        s.prefill_rest()
+        s.produce(tokens=list(response))
+        run_all_invariants(s)
+        s.close()
+        run_all_invariants(s)
+    return s
+
+
+def test_windowed_layer_rewinds_live_to_the_common_prefix():
+    """The third prompt diverges from the live conversation at 2, where the
+    trie has a KV-only node (the head P1 split off for the second prompt):
+    only the live window, not yet wrapped, can give the windowed state at 2
+    (spec: source "live", for x <= common)."""
+    s = windowed_program(([1, 2, 3], [4]), ([1, 2, 4, 4], [1]), ([1, 2, 1, 1], [2]))
+    s.teardown()
+
+
+def test_resume_sources_come_from_nodes_before_the_match():
+    """After a long conversation wraps the live window, the prompt [1, 2, 3]
+    matches 2 keys; the node starting there holds a windowed state at 3 that
+    could serve, but begin only looks at nodes starting before the match
+    (as the spec does): both resume at 0 and agree."""
+    s = windowed_program(([1, 2, 3], [4]), ([1, 2, 4, 4], [1]), ([3, 3, 3, 3, 3, 3, 3], [3]), ([1, 2, 3], [1]))
     s.teardown()
