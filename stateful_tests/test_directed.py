@@ -29,7 +29,7 @@ from impl.trie import Node, Trie, walk
 from spec.cache import PrefixCache as SpecCache
 from spec.rules import c1_cold_equivalence, check
 from stateful_tests.abstraction import abstract, canon
-from stateful_tests.machines import KvWindowedMachine, kv, recurrent, windowed
+from stateful_tests.machines import KvMachine, KvWindowedMachine, kv, recurrent, windowed
 from stateful_tests.test_conformance import run_all_invariants
 from stateful_tests.tracer import Tracer
 
@@ -246,6 +246,36 @@ def test_legacy_trie_floors_the_match_and_clips_the_capture():
     ends = {(n.start, n.end): n.snaps[0] for n in walk(pc.root) if n is not pc.root}
     assert (5, 8) in ends and (ends[(5, 8)].start, ends[(5, 8)].end) == (5, 8)
     assert_sound(pc, tracer, layers)
+
+
+# ------------------------------------------------ close deep inside a stored path
+def test_close_splits_an_edge_below_a_whole_stored_node():
+    """Shrunk from what the deep mutation pass found (mutants of _advance
+    indexing walked[+1] for walked[-1]): a regenerated answer follows the
+    stored one over a whole node ([2, 4)) and into the next edge ([4, 6)),
+    then diverges; close must split that next edge, two nodes below the
+    frontier (S4, T1)."""
+    s = KvMachine()
+    s.configure(chunk=8, interval=0, near_end=0, budget=1 << 40)
+    s.new_conversation(text=[1, 2, 3], media=[])            # stored [0, 6): 1 2 3 1 1 1
+    s.prefill_rest()
+    s.produce(tokens=[1, 1, 1, 1])
+    first = s.close()
+    s.new_conversation(text=[1, 2, 3, 1, 4], media=[])      # P1 splits it at 4: [0, 4), [4, 6)
+    s.prefill_rest()
+    s.produce(tokens=[1])
+    s.close()
+    s.regenerate(conv=first)                                # resumes at 2: [0, 2), [2, 4)
+    s.prefill_rest()
+    s.produce_as_before(count=2)                            # 1 1, as stored
+    s.produce(tokens=[4, 2])                                # evaluated: 3 1 1 4, diverging at 5
+    assert [n.end for n in s.ip.path] == [0, 2] and s.ip.offset == 6
+    run_all_invariants(s)
+    s.close()                                               # walks [2, 4) whole, splits [4, 6) at 5
+    run_all_invariants(s)
+    ends = sorted((n.start, n.end) for n in walk(s.ip.root))
+    assert ends.count((5, 6)) == 2 and (4, 5) in ends
+    s.teardown()
 
 
 # ------------------------------------------------------ windowed live rewind
