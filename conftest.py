@@ -4,12 +4,14 @@ ci:      bounded and derandomised (seeded; the seed is printed), no deadline.
 dev:     the default for local runs.
 crosshair: the optional hypothesis-crosshair backend, when installed.
 nightly: many more examples and longer state-machine runs.
+mutation: the ci volume without shrinking, for stateful_tests/mutation.py;
+         mutation-deep: its second pass (400 examples of 60 steps).
 Select with HYPOTHESIS_PROFILE; CI=true selects "ci".
 """
 import importlib.util
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 settings.register_profile(
     "ci", max_examples=60, stateful_step_count=40, deadline=None, derandomize=True,
@@ -20,6 +22,12 @@ settings.register_profile(
 settings.register_profile(
     "nightly", max_examples=5000, stateful_step_count=200, deadline=None, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# For stateful_tests/mutation.py: the ci volume, derandomised, no shrinking (a kill needs one failure).
+settings.register_profile(
+    "mutation", max_examples=60, stateful_step_count=40, deadline=None, derandomize=True,
+    phases=[Phase.explicit, Phase.generate], print_blob=False, suppress_health_check=list(HealthCheck))
+settings.register_profile(     # its second pass, on the mutants that survived the first
+    "mutation-deep", parent=settings.get_profile("mutation"), max_examples=400, stateful_step_count=60)
 if importlib.util.find_spec("hypothesis_crosshair_provider") is not None:
     # Optional symbolic backend: pip install -e ".[crosshair]", then HYPOTHESIS_PROFILE=crosshair.
     settings.register_profile(
