@@ -32,7 +32,7 @@ from impl import trie as trie_module
 from impl.caches.kv import KVSnapshot
 from impl.prefix_cache import PrefixCache
 from impl.trie import Trie
-from stateful_tests.machines import ConformanceMachine, machine_for
+from stateful_tests.machines import INVARIANTS, ConformanceMachine, machine_for
 
 RULE_ID = re.compile(r"\b([TSMPGEAC][1-5])\b")
 FIELD = re.compile(r"'(?:tree|counter|path|live|seq|offset|clock|request)'")   # conformance mismatch fields
@@ -213,9 +213,9 @@ def hunt(mutant: Mutant, hyp_settings, shrink_seconds: float = 5.0) -> dict:
     errors = list(getattr(error, "exceptions", None) or ([error] if error is not None else []))
     message = "\n".join(f"{type(e).__name__}: {e}" for e in errors)   # several when Hypothesis found distinct bugs
     notes = "\n".join(getattr(errors[0], "__notes__", [])) if errors else ""
+    checks = tuple(f"state.{name}(" for name in INVARIANTS) + ("state.teardown(",)
     program = [line for line in notes.splitlines() if line.startswith(("state.", "conversations_"))
-               and not line.startswith(("state.c1_", "state.impl_own", "state.rules_hold", "state.spec_equals",
-                                        "state.teardown"))]
+               and not line.startswith(checks)]
     return {
         "mutant": mutant.name, "rule": mutant.rule, "mix": mutant.mix, "detected": error is not None,
         "max_examples": hyp_settings.max_examples,

@@ -620,6 +620,10 @@ def machine_for(name: str, base=ConformanceMachine, **attrs) -> type:
     return type(f"{title}Machine", (base,), {"LAYERS": MIXES[name], "__module__": __name__, **attrs})
 
 
+# The invariants' names, in the order Hypothesis runs them (name order).
+INVARIANTS = tuple(sorted(name for name, f in vars(ConformanceMachine).items()
+                          if hasattr(f, "hypothesis_stateful_invariant")))
+
 MACHINES = {name: machine_for(name) for name in MIXES}
 KvMachine = MACHINES["kv"]
 KvKvMachine = MACHINES["kv_kv"]

@@ -9,8 +9,8 @@ printed them, turned into plain regression tests.
 from __future__ import annotations
 
 from stateful_tests.conftest import stateful_settings
-from stateful_tests.machines import (HybridMachine, KvKvMachine, KvMachine, KvRecurrentMachine, KvWindowedMachine,
-                                     Media, RecurrentMachine, WindowedMachine)
+from stateful_tests.machines import (INVARIANTS, HybridMachine, KvKvMachine, KvMachine, KvRecurrentMachine,
+                                     KvWindowedMachine, Media, RecurrentMachine, WindowedMachine)
 
 TestKv = KvMachine.TestCase
 TestKvKv = KvKvMachine.TestCase
@@ -25,9 +25,7 @@ del _case
 
 
 def run_all_invariants(state) -> None:
-    for name in ("c1_live_equals_cold_prefill", "impl_own_invariants", "rules_hold_on_impl", "rules_hold_on_spec",
-                 "spec_equals_impl", "tooling_bookkeeping_time_is_measured", "tooling_close_reports_the_spec_figures",
-                 "tooling_dumps_describe_the_spec_trie"):
+    for name in INVARIANTS:
         getattr(state, name)()
 
 
