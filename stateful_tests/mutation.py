@@ -110,15 +110,17 @@ def statuses(mutants_dir: Path) -> dict:
     return out
 
 
-def verdict(status: dict, changes: dict, known: dict) -> dict:
+def verdict(status: dict, changes: dict, known: dict, partial: bool = False) -> dict:
     """Classify the run. `status`: name -> status; `changes`: name -> Change
-    for every mutant that was not detected; `known`: explained Changes."""
+    for every mutant that was not detected; `known`: explained Changes.
+    `partial`: only some mutants were checked, so no explanation is stale."""
     counts = Counter(status.values())
     undetected = [n for n, s in status.items() if s not in DETECTED]
     equivalent = [n for n in undetected if status[n] == "survived" and changes[n] in known]
     unexplained = [n for n in undetected if n not in equivalent]
     still = {changes[n] for n in equivalent}
-    stale = sorted((c for c in known if c not in still), key=lambda c: (c.function, c.before, c.after))
+    stale = [] if partial else sorted((c for c in known if c not in still),
+                                      key=lambda c: (c.function, c.before, c.after))
     total = len(status)
     detected = sum(counts[s] for s in DETECTED)
     return {
@@ -197,7 +199,8 @@ def report(v: dict, status: dict, changes: dict, diffs: dict, seconds: dict) -> 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mutants", nargs="*", help="mutant names or globs (default: all)")
+    ap.add_argument("mutants", nargs="*", help="mutant names or globs (default: all; a partial run "
+                                               "reports on those only and calls no explanation stale)")
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--fresh", action="store_true", help="forget earlier results (delete mutants/)")
     ap.add_argument("--report", type=Path, default=ROOT / "reports" / "mutation")
@@ -222,6 +225,8 @@ def main(argv=None) -> int:
             print(f"mutmut run exited {r.returncode}", file=sys.stderr)
             return r.returncode
     status = statuses(ROOT / "mutants")
+    if a.mutants:                                   # a partial run: report on what it checked
+        status = {n: st for n, st in status.items() if st != "not checked"}
     survivors = sorted(n for n, st in status.items() if st == "survived")
     if survivors and not a.no_deep:
         print(f"deep pass over {len(survivors)} survivors ...", flush=True)
@@ -233,7 +238,7 @@ def main(argv=None) -> int:
         if s not in DETECTED:
             diffs[n] = _mutmut(["show", n], ROOT, env).stdout.split("\n", 1)[-1].rstrip()
             changes[n] = change_of(n, diffs[n])
-    v = verdict(status, changes, explained(EXPLAINED.read_text()))
+    v = verdict(status, changes, explained(EXPLAINED.read_text()), partial=bool(a.mutants))
     a.report.mkdir(parents=True, exist_ok=True)
     (a.report / "report.md").write_text(report(v, status, changes, diffs, seconds))
     summary = dict(v, stale=[vars(c) for c in v["stale"]], wall_s=seconds,

@@ -60,6 +60,8 @@ def test_verdict_separates_killed_equivalent_unexplained_and_stale():
     assert v["stale"] == [gone] and not v["ok"]
     assert v["score"] == pytest.approx(2 / 5) and v["score_without_equivalent"] == pytest.approx(2 / 4)
     assert verdict({"m1": "killed", "m3": "survived"}, {"m3": eq}, {eq: "why"})["ok"]
+    assert verdict({"m1": "killed"}, {}, {eq: "why"}, partial=True)["ok"]     # a partial run: nothing stale
+    assert not verdict({"m1": "killed"}, {}, {eq: "why"})["ok"]
     assert not verdict({}, {}, {})["ok"]
 
 
