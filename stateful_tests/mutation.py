@@ -17,7 +17,7 @@ run MLX computations hangs.
 A second pass reruns every survivor under the profile "mutation-deep"
 (400 examples of 60 steps per machine), one pytest process per mutant,
 because some mutants need a rare sequence (as the S3 historical bug needs
-~400 examples): a survivor it kills counts as detected ("killed (deep)").
+hundreds of examples): a survivor it kills counts as detected ("killed (deep)").
 
 What it checks: every mutant is killed (or times out), or it is listed in
 docs/mutation.md as equivalent, with the reason. A survivor is matched by
