@@ -346,12 +346,11 @@ class PrefixCache:
         return (n.last_used, -n.end, -n.bytes())
 
     def _victim(self) -> Node | None:
-        candidates = [n for n in walk(self.root) if self.evictable(n)]
-        if not candidates:
+        keyed = [(self.evict_order(n), n) for n in walk(self.root) if self.evictable(n)]
+        if not keyed:
             return None
-        best = min(map(self.evict_order, candidates))
-        ties = [n for n in candidates if self.evict_order(n) == best]
-        return min(ties, key=Node.path_keys)
+        best = min(k for k, _ in keyed)
+        return min((n for k, n in keyed if k == best), key=Node.path_keys)
 
     def _evict(self) -> None:
         while self.trie.counter > self.budget:

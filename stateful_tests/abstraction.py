@@ -43,10 +43,16 @@ def abstract(pc, layers, tracer, chunk: int) -> SpecCache:
     return sp
 
 
+def snap_bytes(pc, i: int, s) -> int:
+    """A snapshot's owned bytes: impl's reported size (kept on abstracted
+    snapshots), else what the spec computes for layer i."""
+    return getattr(s, "size", None) or s.nbytes(pc.layers[i])
+
+
 def canon(pc) -> dict:
     """A plain, comparable form of a spec PrefixCache (or an abstraction)."""
     def node(n):
-        snaps = tuple((i, s.kind, s.start, s.end, s.lazy, s.content, getattr(s, "size", None) or s.nbytes(pc.layers[i]))
+        snaps = tuple((i, s.kind, s.start, s.end, s.lazy, s.content, snap_bytes(pc, i, s))
                       for i, s in sorted(n.snaps.items()))
         return (n.start, tuple(n.edge), n.user, n.last_used, snaps,
                 tuple(node(c) for c in sorted(n.children, key=lambda c: repr(c.edge[0]))))

@@ -58,7 +58,7 @@ from spec.cache import PrefixCache as SpecCache
 from spec.media import TOKEN_LIMIT, MediaItem, keys_of, noncausal_spans
 from spec.rules import c1_cold_equivalence, check
 from spec.trie import Layer, match
-from stateful_tests.abstraction import abstract, canon
+from stateful_tests.abstraction import abstract, canon, snap_bytes
 from stateful_tests.tracer import Tracer
 
 # Byte costs of the tracer's layers (stateful_tests/tracer.py): a KV or windowed row is
@@ -139,11 +139,7 @@ class Open:
     turns: tuple
     produced: list = field(default_factory=list)
     prefilled: bool = False
-    begun: tuple = (0, 0)      # (matched, resume) both sides agreed on
-    schedule: tuple = ()       # the capture schedule both sides agreed on
     evictions: int = 0         # the spec's eviction count before begin
-    attached_at: int | None = None   # the offset reached when captures attached
-    chunks: list = field(default_factory=list)   # the prefill chunks evaluated
 
 
 def compose(base_tokens, base_media, text, media) -> tuple:
@@ -261,7 +257,7 @@ class ConformanceMachine(RuleBasedStateMachine):
             " (M2: impl schedules a capture strictly inside a non-causal item)"
             if any(inside(c) for c, _ in sb) else "")
         self.req = Open(tokens, items, keys, spans, tuple(t for t in turns if t <= len(base)),
-                        begun=a, schedule=tuple(sa), evictions=evictions)
+                        evictions=evictions)
         self._stepped()
 
     @precondition(idle)
@@ -335,12 +331,10 @@ class ConformanceMachine(RuleBasedStateMachine):
             p, q = ch
             self.tracer.forward(p, r.keys[p:q], r.spans)
             self.ip.evaluated(r.keys[p:q])
-            r.chunks.append(ch)
         impl_done = self.ip.next_chunk(self.chunk) is None
         assert spec_chunk == ch, f"conformance mismatch in the prefill chunk (M1): spec {spec_chunk}, impl {ch}"
         assert spec_done == impl_done, f"conformance mismatch in prefill completion: spec {spec_done}, impl {impl_done}"
         if impl_done:
-            r.attached_at = self.ip.offset
             self.ip.prefilled()
             r.prefilled = True
         self._stepped()
@@ -418,14 +412,15 @@ class ConformanceMachine(RuleBasedStateMachine):
         return self._close()
 
     def _close(self) -> Conv:
-        r = self.req
-        reached = self.sp.offset if r.attached_at is None else r.attached_at
+        r, sr = self.req, self.sp.request
         self.sp.close()
         stats = self.ip.close()
         self.req = None
-        want = {"total": len(r.keys), "matched": r.begun[0], "resumed": r.begun[1],
-                "prefilled": sum(q - p for p, q in r.chunks),
-                "captures": sum(c <= reached for c, _ in r.schedule),
+        # The spec's figures for the request. A capture attaches once the forward has crossed it, and
+        # the offset never moves back within a request: "crossed" is "at or below the offset at close".
+        want = {"total": len(sr.keys), "matched": sr.matched, "resumed": sr.resume,
+                "prefilled": sum(q - p for p, q in sr.chunks),
+                "captures": sum(c <= self.sp.offset for c, _ in sr.schedule),
                 "evictions": self.sp.evictions - r.evictions}
         self._closed_stats = ({k: getattr(stats, k) for k in want}, want)
         tokens = r.tokens + tuple(r.produced)
@@ -535,10 +530,6 @@ class ConformanceMachine(RuleBasedStateMachine):
                                  + ":\n  " + "\n  ".join(diffs))
 
 
-def _size(pc, i, s) -> int:
-    return getattr(s, "size", None) or s.nbytes(pc.layers[i])
-
-
 def spec_dump_view(sp) -> tuple:
     """What impl's dump_json() and dump() must show for the spec state `sp`:
     ({"head": ..., "nodes": Counter of node rows}, (header, Counter of text rows)).
@@ -547,9 +538,8 @@ def spec_dump_view(sp) -> tuple:
     rows, text = Counter(), Counter()
 
     def visit(n, depth):
-        snaps = tuple(None if n.snaps.get(i) is None else
-                      (s.kind, s.start, s.end, s.lazy, _size(sp, i, s)) for i, s in
-                      ((i, n.snaps.get(i)) for i in range(len(sp.layers))))
+        snaps = tuple(None if (s := n.snaps.get(i)) is None else (s.kind, s.start, s.end, s.lazy, snap_bytes(sp, i, s))
+                      for i in range(len(sp.layers)))
         nbytes = sum(x[4] for x in snaps if x is not None)
         rows[(depth, n.start, n.end, len(n.edge), nbytes, n.user, id(n) in active, n.last_used, snaps)] += 1
         kinds = "".join("-" if x is None else "v" if x[0] == "kv" and x[3] else x[0][0]

@@ -49,7 +49,7 @@ EXPLAINED = ROOT / "docs" / "mutation.md"
 DETECTED = {"killed", "killed (deep)", "timeout", "caught by type check"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class Change:
     """What a mutant changes: the function (e.g. "PrefixCache._source"), the
     original and the mutated line(s), stripped and joined with " ⏎ "."""
@@ -77,7 +77,7 @@ def change_of(mutant: str, diff: str) -> Change:
 
 
 _HEADING = re.compile(r"^###\s+`?([\w.]+)`?\s*$")
-_ITEM = re.compile(r"^- `(?P<before>[^`]*)` → `(?P<after>[^`]*)`(?: ×\d+)?\s+—\s+(?P<why>\S.*)$")
+_ITEM = re.compile(r"^- `(?P<before>[^`]*)` → `(?P<after>[^`]*)`\s+—\s+(?P<why>\S.*)$")
 
 
 def explained(text: str) -> dict:
@@ -119,8 +119,7 @@ def verdict(status: dict, changes: dict, known: dict, partial: bool = False) -> 
     equivalent = [n for n in undetected if status[n] == "survived" and changes[n] in known]
     unexplained = [n for n in undetected if n not in equivalent]
     still = {changes[n] for n in equivalent}
-    stale = [] if partial else sorted((c for c in known if c not in still),
-                                      key=lambda c: (c.function, c.before, c.after))
+    stale = [] if partial else sorted(c for c in known if c not in still)
     total = len(status)
     detected = sum(counts[s] for s in DETECTED)
     return {
@@ -168,9 +167,9 @@ def _mutmut(args: list, cwd: Path, env: dict) -> subprocess.CompletedProcess:
 
 
 def report(v: dict, status: dict, changes: dict, diffs: dict, seconds: dict) -> str:
-    per_fn = defaultdict(Counter)
-    for n, s in status.items():
-        per_fn[function_of(n)][s] += 1
+    by_function = defaultdict(list)
+    for n in status:
+        by_function[function_of(n)].append(n)
     lines = ["# Mutation testing: impl/trie.py and impl/prefix_cache.py", "",
              f"mutants: {v['total']}; detected (killed or timed out): {v['detected']}; "
              f"score **{v['score']:.1%}**; explained as equivalent: {len(v['equivalent'])} "
@@ -181,8 +180,7 @@ def report(v: dict, status: dict, changes: dict, diffs: dict, seconds: dict) -> 
     lines += [f"| {s} | {c} |" for s, c in sorted(v["counts"].items(), key=lambda x: -x[1])]
     lines += ["", "| function | mutants | detected | equivalent | unexplained |", "|---|---|---|---|---|"]
     eq, un = set(v["equivalent"]), set(v["unexplained"])
-    for fn in sorted(per_fn):
-        names = [n for n in status if function_of(n) == fn]
+    for fn, names in sorted(by_function.items()):
         lines.append(f"| {fn} | {len(names)} | {sum(status[n] in DETECTED for n in names)} | "
                      f"{sum(n in eq for n in names)} | {sum(n in un for n in names)} |")
     if v["unexplained"]:

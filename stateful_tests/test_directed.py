@@ -41,13 +41,18 @@ def cache(layers=LAYERS, **kw):
     return ImplCache(tracer.caches, **kw), tracer
 
 
-def run(pc, tracer, keys, spans=(), produce=(), chunk=4):
-    """One request: begin, prefill in chunks, decode `produce`, close."""
-    result = pc.begin(keys, spans)
+def evaluate_prompt(pc, tracer, keys, spans=(), chunk=4):
+    """Prefill the open request's prompt chunk by chunk (captures not yet attached)."""
     while (ch := pc.next_chunk(chunk)) is not None:
         p, q = ch
         tracer.forward(p, keys[p:q], spans)
         pc.evaluated(keys[p:q])
+
+
+def run(pc, tracer, keys, spans=(), produce=(), chunk=4):
+    """One request: begin, prefill in chunks, decode `produce`, close."""
+    result = pc.begin(keys, spans)
+    evaluate_prompt(pc, tracer, keys, spans, chunk)
     pc.prefilled()
     last = keys[-1]
     for k in produce:
@@ -134,9 +139,7 @@ def test_checked_mode_names_the_operation_that_broke_a_rule(operation):
             pc.begin(keys)
         return
     pc.begin(keys)                                 # schedules a capture at 5 (near_end 1)
-    while (ch := pc.next_chunk(8)) is not None:
-        tracer.forward(ch[0], keys[ch[0]:ch[1]], ())
-        pc.evaluated(keys[ch[0]:ch[1]])
+    evaluate_prompt(pc, tracer, keys)
     if operation != "attach":
         pc.prefilled()                             # attach, uncorrupted
     corrupt()
