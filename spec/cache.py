@@ -34,11 +34,13 @@ from spec.trie import KV, WINDOWED, Broken, Node, Store, common_prefix, match, s
 def schedule(n: int, resume: int, matched: int, spans: list[tuple[int, int]], interval: int,
              near_end: int) -> list[tuple[int, bool]]:
     """Capture offsets for a prompt of n keys resumed at `resume`: the branch
-    point (`matched`, when resume < matched; not user), periodic multiples of
+    point (`matched`, when resume < matched; not user; `begin` has already
+    floored it off any non-causal span, M3), periodic multiples of
     `interval` and n - near_end (user), moved off non-causal spans (M2), kept
     in (resume, n - 1], sorted and unique, a user flag winning a tie.
 
     pre: 0 <= resume <= matched < n
+    pre: not any(p < matched < e for (p, e) in spans)
     pre: interval >= 0 and near_end >= 0
     pre: all(0 <= p < e < n for (p, e) in spans)
     pre: all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))

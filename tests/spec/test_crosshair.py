@@ -3,10 +3,23 @@ contracts), run as a subprocess with a bounded budget: every contracted
 post-condition is analysed and no counterexample is reported. A second test
 proves the harness can fail: a deliberately broken contract is reported.
 
-Budget: PER_CONDITION CPU seconds per post-condition (about 18 of them, so
-~30 CPU-s); WALL_TIMEOUT kills a run on a badly overloaded machine. PLATFORM.md:
-slice comparisons with a symbolic bound give false counterexamples in
-CrossHair 0.0.113, so contracts compare element-wise."""
+Budget, fixed so that a run's verdict does not depend on the machine's load:
+CrossHair stops a condition after ITERATIONS consecutive paths that explore
+nothing new (its own seeded search: the same paths every run), with
+PER_CONDITION CPU seconds as a cap and PER_PATH for one path; WALL_TIMEOUT
+kills a run on a badly overloaded machine. A failure lists each
+counterexample as CrossHair reports it (the call and what it returned).
+
+The flake this budget pins down (issue 18): `schedule` lacked the
+precondition that `matched` is not strictly inside a non-causal span, and
+CrossHair found `schedule(3, 0, 1, [(0, 2)], 0, 3)` in about 1 run in 3,
+depending on how much of its time budget the load left it. `begin` floors the
+match off a span (M3) before it schedules, so the precondition is the right
+fix; tests/spec/test_contract_monitor.py checks at run time that every call
+the spec makes meets the `pre:` lines CrossHair assumes.
+
+PLATFORM.md: slice comparisons with a symbolic bound give false
+counterexamples in CrossHair 0.0.113, so contracts compare element-wise."""
 from __future__ import annotations
 
 import ast
@@ -21,14 +34,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ["spec/media.py", "spec/trie.py", "spec/cache.py"]
-PER_CONDITION = os.environ.get("CROSSHAIR_PER_CONDITION", "1.5")
+ITERATIONS = os.environ.get("CROSSHAIR_ITERATIONS", "20")
+PER_CONDITION = os.environ.get("CROSSHAIR_PER_CONDITION", "10")
+PER_PATH = os.environ.get("CROSSHAIR_PER_PATH", "2")
 WALL_TIMEOUT = float(os.environ.get("CROSSHAIR_WALL_TIMEOUT", "240"))
 LINE = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+): (?P<level>\w+): (?P<msg>.*)$")
 
 
 def crosshair(*targets, cwd=ROOT):
     cmd = [sys.executable, "-m", "crosshair", "check", "--analysis_kind=PEP316",
-           f"--per_condition_timeout={PER_CONDITION}", "--report_all", *targets]
+           f"--max_uninteresting_iterations={ITERATIONS}", f"--per_condition_timeout={PER_CONDITION}",
+           f"--per_path_timeout={PER_PATH}", "--report_all", *targets]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=WALL_TIMEOUT)
     return proc, time.monotonic() - t0
@@ -49,8 +65,9 @@ def contracted_functions(path: Path) -> dict:
 def test_spec_contracts_hold():
     proc, elapsed = crosshair(*MODULES)
     reports = [m.groupdict() for m in map(LINE.match, proc.stdout.splitlines()) if m]
-    errors = [r for r in reports if r["level"] == "error"]
-    assert proc.returncode == 0 and not errors, proc.stdout + proc.stderr
+    errors = [f'{r["file"]}:{r["line"]}: {r["msg"]}' for r in reports if r["level"] == "error"]
+    assert not errors, "CrossHair counterexamples:\n" + "\n".join(errors)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     analysed = {(Path(r["file"]).resolve(), int(r["line"])) for r in reports}
     checked = []
     for module in MODULES:
