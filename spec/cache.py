@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from spec.media import capture_ceiling, extend_chunk, keys_of, noncausal_spans, resume_floor, validate_request
 from spec.trie import KV, WINDOWED, Broken, Node, Store, common_prefix, match, state_content
+from spec.view import RequestView, View, freeze
 
 
 def schedule(n: int, resume: int, matched: int, spans: list[tuple[int, int]], interval: int,
@@ -372,6 +373,21 @@ class PrefixCache:
             raise ValueError(f"budget {budget} < 0")
         self.budget = budget
         self.evict()
+
+    # ------------------------------------------------------------------ view
+    def view(self) -> View:
+        """The read-only view the rules read (spec.view), with contents."""
+        r = self.request
+        req = None if r is None else RequestView(
+            r.keys, tuple(r.spans), r.matched, r.resume, tuple(r.schedule), tuple(r.chunks), r.prefilled,
+            tuple(id(s) for c in r.pending for s in c.snaps.values()))
+        return freeze(self.root, self.path, layers=self.layers, offset=self.offset, seq=self.seq,
+                      live=[c if l.stateful else None for l, c in zip(self.layers, self.live)],
+                      counter=self.store.counter, budget=self.budget, clock=self.clock, request=req,
+                      released=[id(s) for s in self.store.created if s.released],
+                      created=[id(s) for s in self.store.created],
+                      snaps_of=lambda n: sorted(n.snaps.items()),
+                      content_of=lambda i, s, keys: s.content)
 
     # ------------------------------------------------------------------ C1
     def cold(self, i: int) -> tuple:
