@@ -6,23 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
-
-
-def _reexec_with_openblas() -> None:
-    """MLX's CPU wheel is ~10x faster with OpenBLAS preloaded (PLATFORM.md); it must be set before
-    the process starts, so re-execute once when the library exists and is not loaded yet."""
-    if sys.platform.startswith("linux") and os.path.exists(OPENBLAS) and OPENBLAS not in os.environ.get("LD_PRELOAD", "") \
-            and not os.environ.get("FUZZ_NO_REEXEC"):
-        env = dict(os.environ, LD_PRELOAD=OPENBLAS + (":" + os.environ["LD_PRELOAD"] if os.environ.get("LD_PRELOAD") else ""),
-                   FUZZ_NO_REEXEC="1")
-        env.setdefault("OPENBLAS_NUM_THREADS", "1")
-        os.execve(sys.executable, [sys.executable, "-m", "fuzz", *sys.argv[1:]], env)
+from impl.platform import reexec_with_openblas
 
 
 def campaign_parser() -> argparse.ArgumentParser:
@@ -109,7 +97,7 @@ def main_replay(argv) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _reexec_with_openblas()
+    reexec_with_openblas("fuzz", guard="FUZZ_NO_REEXEC")
     if argv and argv[0] == "replay":
         return main_replay(argv[1:])
     return main_campaign(argv)

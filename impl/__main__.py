@@ -1,28 +1,15 @@
 """Command line: ``python -m impl serve|chat|runner ...``.
 
 On Linux the process re-executes itself once with Debian's OpenBLAS preloaded when that
-library exists (MLX's CPU wheel otherwise uses the reference BLAS; shared/PLATFORM.md); the
+library exists (impl/platform.py; MLX's CPU wheel otherwise uses the reference BLAS); the
 runners it starts inherit the setting.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
-
-
-def _ensure_openblas() -> None:
-    if not sys.platform.startswith("linux") or not os.path.exists(OPENBLAS):
-        return
-    if OPENBLAS in os.environ.get("LD_PRELOAD", "").split(":") or os.environ.get("IMPL_NO_REEXEC"):
-        return
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = OPENBLAS + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
-    env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    env["IMPL_NO_REEXEC"] = "1"
-    os.execve(sys.executable, [sys.executable, "-m", "impl"] + sys.argv[1:], env)
+from impl.platform import reexec_with_openblas
 
 
 def main(argv=None) -> int:
@@ -62,5 +49,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    _ensure_openblas()
+    reexec_with_openblas("impl", guard="IMPL_NO_REEXEC")
     sys.exit(main())

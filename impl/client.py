@@ -26,9 +26,9 @@ from urllib.parse import urlencode
 
 import psutil
 
+from impl.platform import preload_env
 from spec.scheduler import CLOSED, LOADED, LOADING, NEW, client_transition
 
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
@@ -58,15 +58,12 @@ class RunnerRequestError(RunnerError):
 
 
 def runner_env(base: Optional[dict] = None) -> dict:
-    env = dict(os.environ if base is None else base)
-    if sys.platform.startswith("linux") and os.path.exists(OPENBLAS):
-        pre = env.get("LD_PRELOAD", "")
-        if OPENBLAS not in pre.split(":"):
-            env["LD_PRELOAD"] = OPENBLAS + (":" + pre if pre else "")
+    """The environment a runner starts with: the platform preload (impl/platform.py) and the
+    project root on PYTHONPATH."""
+    env = preload_env(os.environ if base is None else base)
     pp = env.get("PYTHONPATH", "")
     if PROJECT_ROOT not in pp.split(os.pathsep):
         env["PYTHONPATH"] = PROJECT_ROOT + (os.pathsep + pp if pp else "")
-    env.setdefault("OPENBLAS_NUM_THREADS", "1")
     return env
 
 
