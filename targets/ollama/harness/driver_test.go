@@ -1,0 +1,428 @@
+// Harness driver (written for this project, copied into a temporary build of
+// Ollama's x/mlxrunner package next to its own prefix_cache_test.go, whose fake
+// caches it uses as layer caches).
+//
+// Protocol: one JSON operation per stdin line, one JSON answer per stdout line.
+//   {"op":"reset","layout":L,"budget":B,"interval":I,"near_end":N,"chunk":C,"cost":{"kv":16,...}}
+//   {"op":"begin","keys":[...],"spans":[[p,e],...]}   -> "outcome":[matched,resume]
+//   {"op":"prefill","max_chunks":k}  (k<=0: all)     -> "outcome":[done]
+//   {"op":"step","key":k}   {"op":"close"}   {"op":"set_budget","budget":B}
+// Every answer: {"ok":true,"view":{...spec.view JSON...},"merges":[...]} or
+// {"ok":false,"panic":"..."} (the cache panicked; send reset next).
+//
+// Invariants the driver keeps (so that what the view shows is Ollama's doing):
+//   - it only calls the prefix cache the way Ollama's pipeline does: begin,
+//     schedulePrefillSnapshots (periodic offsets and n-near_end), chunked feeds
+//     of every cache, attachPrefillSnapshots, outputs, close;
+//   - the fakes are fed effective keys (fold values across media), so snapshot
+//     contents are comparable with the trie's key paths;
+//   - snapshot sizes are set when a snapshot is made (before any node holds it):
+//     KV cost*positions, windowed cost*min(W,positions), recurrent cost.
+package mlxrunner
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/ollama/ollama/x/mlxrunner/cache"
+)
+
+type hLayer struct {
+	Kind   *string `json:"kind"`
+	Cost   int     `json:"cost"`
+	Window int     `json:"window"`
+}
+
+type hMerge struct {
+	Layer int    `json:"layer"`
+	First [2]int `json:"first"`
+	Then  [2]int `json:"then"`
+}
+
+// sized wraps one fake cache: it sizes the snapshots the fake returns and
+// records KV merges whose halves are not adjacent (G1 evidence).
+type sized struct {
+	cache.Cache
+	h     *harness
+	layer int
+}
+
+func (c *sized) fix(s cache.Snapshot) cache.Snapshot {
+	if fs, ok := s.(*fakeSnapshot); ok && fs != nil {
+		l := c.h.layers[c.layer]
+		n := len(fs.tokens)
+		switch *l.Kind {
+		case "kv":
+			fs.byteSize = l.Cost * n
+		case "windowed":
+			fs.byteSize = l.Cost * min(n, l.Window)
+		default:
+			fs.byteSize = l.Cost
+		}
+	}
+	return s
+}
+
+func (c *sized) Snapshot(from int) cache.Snapshot { return c.fix(c.Cache.Snapshot(from)) }
+func (c *sized) TakeSnapshots() []cache.Snapshot {
+	out := c.Cache.TakeSnapshots()
+	for _, s := range out {
+		c.fix(s)
+	}
+	return out
+}
+func (c *sized) Split(s cache.Snapshot, at int) (cache.Snapshot, cache.Snapshot) {
+	a, b := c.Cache.Split(s, at)
+	return c.fix(a), c.fix(b)
+}
+func (c *sized) Merge(p, ch cache.Snapshot) cache.Snapshot {
+	pf, ok1 := p.(*fakeSnapshot)
+	cf, ok2 := ch.(*fakeSnapshot)
+	if ok1 && ok2 && pf != nil && cf != nil && *c.h.layers[c.layer].Kind == "kv" && pf.to != cf.from {
+		c.h.merges = append(c.h.merges, hMerge{c.layer, [2]int{pf.from, pf.to}, [2]int{cf.from, cf.to}})
+	}
+	return c.fix(c.Cache.Merge(p, ch))
+}
+
+type harness struct {
+	pc       *prefixCache
+	tracker  *snapshotTracker
+	fakes    []cache.Cache
+	layers   []hLayer
+	start    time.Time
+	interval int
+	nearEnd  int
+	chunk    int
+	merges   []hMerge
+
+	session   *cacheSession
+	keys      []uint32
+	spans     [][2]int
+	seq       []uint32
+	matched   int
+	resume    int
+	schedule  [][2]any
+	chunks    [][2]int
+	prefilled bool
+	seeded    bool
+}
+
+type feeder interface{ feed([]int32) }
+
+func kindPtr(s string) *string { return &s }
+
+// layout builds the fakes the way Ollama's test constructors do.
+func (h *harness) layout(name string, cost map[string]int) {
+	tr := &snapshotTracker{}
+	h.tracker = tr
+	kv := func() cache.Cache { return &fakeRewindableCache{tracker: tr} }
+	rec := func() cache.Cache { return &fakeRecurrentCache{tracker: tr} }
+	var fakes []cache.Cache
+	switch name {
+	case "transformer": // newTransformerEnv
+		fakes = []cache.Cache{kv()}
+	case "sliding": // newSlidingWindowEnv
+		fakes = []cache.Cache{kv(), &fakeSlidingWindowCache{maxSize: 4, tracker: tr}}
+	case "recurrent": // newRecurrentEnv
+		fakes = []cache.Cache{kv(), rec()}
+	case "stateless": // newStatelessLayerEnv
+		fakes = []cache.Cache{rec(), nil, kv(), nil}
+	case "hybrid": // newHybridEnv's layers, without the draft look-ahead
+		fakes = []cache.Cache{rec(), kv(), rec(), kv(), kv()}
+	default:
+		panic("unknown layout " + name)
+	}
+	h.fakes = fakes
+	h.layers = nil
+	wrapped := make([]cache.Cache, len(fakes))
+	for i, f := range fakes {
+		switch f.(type) {
+		case nil:
+			h.layers = append(h.layers, hLayer{nil, 0, 0})
+			continue
+		case *fakeRewindableCache:
+			h.layers = append(h.layers, hLayer{kindPtr("kv"), cost["kv"], 0})
+		case *fakeSlidingWindowCache:
+			h.layers = append(h.layers, hLayer{kindPtr("windowed"), cost["windowed"], 4})
+		default:
+			h.layers = append(h.layers, hLayer{kindPtr("recurrent"), cost["recurrent"], 0})
+		}
+		wrapped[i] = &sized{Cache: f, h: h, layer: i}
+	}
+	h.pc = &prefixCache{caches: wrapped}
+	h.pc.ensureRoot()
+}
+
+func (h *harness) feed(keys []uint32) {
+	toks := make([]int32, len(keys))
+	for i, k := range keys {
+		toks[i] = int32(k)
+	}
+	for _, f := range h.fakes {
+		if fd, ok := f.(feeder); ok {
+			fd.feed(toks)
+		}
+	}
+	h.seq = append(h.seq, keys...)
+}
+
+type hOp struct {
+	Op        string         `json:"op"`
+	Layout    string         `json:"layout"`
+	Budget    int64          `json:"budget"`
+	Interval  int            `json:"interval"`
+	NearEnd   int            `json:"near_end"`
+	Chunk     int            `json:"chunk"`
+	Cost      map[string]int `json:"cost"`
+	Keys      []uint32       `json:"keys"`
+	Spans     [][2]int       `json:"spans"`
+	MaxChunks int            `json:"max_chunks"`
+	Key       uint32         `json:"key"`
+}
+
+func (h *harness) do(op hOp) any {
+	switch op.Op {
+	case "reset":
+		*h = harness{start: time.Now(), interval: op.Interval, nearEnd: op.NearEnd, chunk: max(op.Chunk, 1)}
+		h.layout(op.Layout, op.Cost)
+		maxPagedOutBytes = op.Budget
+	case "begin":
+		inputs := make([]int32, len(op.Keys))
+		for i, k := range op.Keys {
+			inputs[i] = int32(k)
+		}
+		var items []mediaItem
+		for _, s := range op.Spans {
+			items = append(items, mediaItem{pos: s[0], length: s[1] - s[0], fold: op.Keys[s[0]]})
+		}
+		keys := h.pc.key(effectiveKeyTokens(inputs, items))
+		_, m := findBestMatch(h.pc.root, keys)
+		if m == len(inputs) && m > 0 {
+			_, m = findBestMatch(h.pc.root, keys[:m-1])
+		}
+		h.session = h.pc.begin(inputs, items)
+		h.keys, h.spans, h.matched = op.Keys, op.Spans, m
+		h.resume = h.pc.minCacheOffset()
+		h.seq = append([]uint32(nil), op.Keys[:h.resume]...)
+		h.chunks, h.prefilled, h.seeded = nil, false, false
+		n := len(op.Keys)
+		var offs []int
+		for o := h.interval; h.interval > 0 && o < n; o += h.interval {
+			offs = append(offs, o)
+		}
+		if e := n - h.nearEnd; e > 0 {
+			offs = append(offs, e)
+		}
+		h.session.schedulePrefillSnapshots(offs)
+		h.schedule = nil
+		for _, p := range h.session.pendingSnapshots {
+			h.schedule = append(h.schedule, [2]any{p.offset, p.user})
+		}
+		return []int{h.matched, h.resume}
+	case "prefill":
+		target := len(h.keys) - 1
+		done := 0
+		for h.pc.minCacheOffset() < target {
+			if op.MaxChunks > 0 && done >= op.MaxChunks {
+				return []int{0}
+			}
+			p := h.pc.minCacheOffset()
+			q := min(p+h.chunk, target)
+			for _, s := range h.spans { // the pipeline's extendChunk for atomic items
+				if s[0] < q && q < s[1] {
+					if s[0] > p {
+						q = s[0]
+					} else {
+						q = min(s[1], target)
+					}
+				}
+			}
+			h.feed(h.keys[p:q])
+			h.chunks = append(h.chunks, [2]int{p, q})
+			done++
+		}
+		h.session.attachPrefillSnapshots()
+		h.prefilled = true
+		return []int{1}
+	case "step":
+		h.feed([]uint32{op.Key})
+		if h.seeded {
+			h.session.outputs = append(h.session.outputs, int32(op.Key))
+		}
+		h.seeded = true
+	case "close":
+		h.session.close()
+		h.session = nil
+	case "set_budget":
+		maxPagedOutBytes = op.Budget
+		h.pc.enforceEvictionPolicy()
+	default:
+		panic("unknown op " + op.Op)
+	}
+	return nil
+}
+
+type hSnap struct {
+	Layer   int      `json:"layer"`
+	Kind    string   `json:"kind"`
+	Start   int      `json:"start"`
+	End     int      `json:"end"`
+	Bytes   int      `json:"bytes"`
+	Lazy    bool     `json:"lazy"`
+	Content []uint32 `json:"content"`
+	Ident   int      `json:"ident"`
+}
+
+func content(toks []int32, l hLayer) []uint32 {
+	if *l.Kind == "windowed" && len(toks) > l.Window {
+		toks = toks[len(toks)-l.Window:]
+	}
+	out := make([]uint32, len(toks))
+	for i, t := range toks {
+		out[i] = uint32(t)
+	}
+	return out
+}
+
+func (h *harness) view() map[string]any {
+	ident := map[*fakeSnapshot]int{}
+	created, released := []int{}, []int{}
+	for i, s := range h.tracker.all {
+		ident[s] = i
+		created = append(created, i)
+		for j := 0; j < s.closeCount; j++ {
+			released = append(released, i)
+		}
+	}
+	lastUsed := func(n *trieNode) int64 { return n.lastUsed.Sub(h.start).Nanoseconds() }
+	pathKeys := func(n *trieNode) []uint32 {
+		var parts [][]trieKey
+		for m := n; m != nil; m = m.parent {
+			parts = append(parts, m.tokens)
+		}
+		out := []uint32{}
+		for i := len(parts) - 1; i >= 0; i-- {
+			for _, k := range parts[i] {
+				out = append(out, uint32(k))
+			}
+		}
+		return out
+	}
+	nodes := []map[string]any{}
+	var clock int64
+	walkNodes(h.pc.root, func(n *trieNode) bool {
+		snaps := []hSnap{}
+		for i, s := range n.snapshots {
+			fs, ok := s.(*fakeSnapshot)
+			if !ok || fs == nil || i >= len(h.layers) || h.layers[i].Kind == nil {
+				continue
+			}
+			l := h.layers[i]
+			sv := hSnap{Layer: i, Kind: *l.Kind, Start: fs.from, End: fs.to, Bytes: fs.Size(),
+				Content: content(fs.tokens, l), Ident: ident[fs]}
+			if *l.Kind != "kv" {
+				sv.Start = fs.to
+			}
+			snaps = append(snaps, sv)
+		}
+		sort.Slice(snaps, func(a, b int) bool { return snaps[a].Layer < snaps[b].Layer })
+		lu := lastUsed(n)
+		clock = max(clock, lu)
+		nodes = append(nodes, map[string]any{"keys": pathKeys(n), "start": n.startOffset(), "user": n.user,
+			"last_used": lu, "snaps": snaps})
+		return true
+	})
+	path := [][]uint32{}
+	for _, n := range h.pc.activePath {
+		path = append(path, pathKeys(n))
+	}
+	live, offs := []any{}, []int{}
+	for i, f := range h.fakes {
+		if f == nil {
+			live = append(live, nil)
+			continue
+		}
+		var toks []int32
+		switch c := f.(type) {
+		case *fakeRewindableCache:
+			toks = c.tokens
+		case *fakeSlidingWindowCache:
+			toks = c.tokens
+		case *fakeRecurrentCache:
+			toks = c.tokens
+		}
+		live = append(live, content(toks, h.layers[i]))
+		offs = append(offs, f.Offset())
+	}
+	layers := []map[string]any{}
+	for _, l := range h.layers {
+		layers = append(layers, map[string]any{"kind": l.Kind, "cost": l.Cost, "window": l.Window})
+	}
+	var req any
+	if h.session != nil {
+		sched := h.schedule
+		if sched == nil {
+			sched = [][2]any{}
+		}
+		spans, chunks := h.spans, h.chunks
+		if spans == nil {
+			spans = [][2]int{}
+		}
+		if chunks == nil {
+			chunks = [][2]int{}
+		}
+		req = map[string]any{"keys": h.keys, "spans": spans, "matched": h.matched, "resume": h.resume,
+			"schedule": sched, "chunks": chunks, "prefilled": h.prefilled}
+	}
+	seq := h.seq
+	if seq == nil {
+		seq = []uint32{}
+	}
+	return map[string]any{"layers": layers, "nodes": nodes, "path": path, "offset": h.pc.minCacheOffset(),
+		"seq": seq, "live": live, "counter": h.pc.pagedOutBytes, "budget": maxPagedOutBytes, "clock": clock,
+		"request": req, "released": released, "created": created, "live_offsets": offs}
+}
+
+func (h *harness) answer(line []byte) (out map[string]any) {
+	defer func() {
+		if r := recover(); r != nil {
+			out = map[string]any{"ok": false, "panic": fmt.Sprint(r)}
+		}
+	}()
+	var op hOp
+	if err := json.Unmarshal(line, &op); err != nil {
+		return map[string]any{"ok": false, "error": "bad operation: " + err.Error()}
+	}
+	h.merges = nil
+	outcome := h.do(op)
+	return map[string]any{"ok": true, "outcome": outcome, "merges": h.merges, "view": h.view()}
+}
+
+// TestPrefixHarness serves the protocol when PREFIX_HARNESS=1; otherwise it skips.
+func TestPrefixHarness(t *testing.T) {
+	if os.Getenv("PREFIX_HARNESS") != "1" {
+		t.Skip("harness driver: set PREFIX_HARNESS=1")
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	in := bufio.NewReaderSize(os.Stdin, 1<<20)
+	out := bufio.NewWriterSize(os.Stdout, 1<<20)
+	enc := json.NewEncoder(out)
+	h := &harness{}
+	for {
+		line, err := in.ReadBytes('\n')
+		if len(line) > 1 {
+			enc.Encode(h.answer(line))
+			out.Flush()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
