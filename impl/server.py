@@ -1,6 +1,6 @@
 """The local server: JSON over loopback HTTP in front of a Scheduler.
 
-    python -m impl serve [--host 127.0.0.1] [--port 11435] [--engine real|fake]
+    python -m impl serve [--host 127.0.0.1] [--port 11435] [--engine real|MODULE:FACTORY]
 
 Binds only to loopback addresses (anything else is refused). Endpoints:
     GET  /api/health
@@ -24,7 +24,7 @@ from typing import Optional
 from urllib.parse import parse_qs, urlparse
 
 from impl.client import RunnerDied, RunnerError, RunnerRequestError
-from impl.runner import MAX_BODY_BYTES, BadRequest, JSONHandler, is_loopback, peer_gone, validate_generate
+from impl.httpio import MAX_BODY_BYTES, BadRequest, JSONHandler, is_loopback, validate_generate
 from impl.scheduler import Scheduler, SchedulerError
 
 DEFAULT_PORT = 11435
@@ -121,44 +121,23 @@ class ServerHandler(JSONHandler):
                 raise BadRequest(f"no such endpoint: POST {url.path}", 404)
         except Exception as e:
             if getattr(self, "_headers_sent", False):
-                self._line({"error": str(e)})
+                self._write_line({"error": str(e)})
             else:
                 self._error(e)
 
-    def _line(self, obj) -> None:
-        if self._gone:
-            return
-        if not self._headers_sent:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-ndjson")
-            self.end_headers()
-            self._headers_sent = True
-        try:
-            self.wfile.write((json.dumps(obj) + "\n").encode())
-            self.wfile.flush()
-        except OSError:
-            self._gone = True
-
     def _generate(self, model: str, req: dict) -> None:
-        self._gone = False
-        self._headers_sent = False
-        self.close_connection = True
+        self._start_stream()
         stream = req["stream"]
-
-        def cancel() -> bool:
-            if not self._gone and peer_gone(self.connection):
-                self._gone = True
-            return self._gone
 
         def on_token(msg):
             if stream:
-                self._line(msg)
+                self._write_line(msg)
 
         result = self.scheduler.generate(model, req["prompt"], req["max_tokens"], media=req["media"],
-                                         on_token=on_token, cancel=cancel)
+                                         on_token=on_token, cancel=self._client_gone)
         result = dict(result, model=model)
         if stream:
-            self._line(result)
+            self._write_line(result)
         else:
             self._send_json(200, result)
 

@@ -1,0 +1,148 @@
+"""HTTP plumbing shared by the server (impl/server.py) and the runner process (impl/runner.py).
+
+- Both bind loopback addresses only (``is_loopback``).
+- A request body is read only with a Content-Length no larger than the handler's limit (411/413
+  otherwise), and a /generate body is checked by ``validate_generate`` before anything is touched:
+  bad input raises ``BadRequest`` (impl/media.py, the one class for bad input) and changes nothing.
+- Errors are answered as ``{"error": message}`` with the BadRequest's status.
+- A streamed answer is NDJSON, one object per line; once the peer closed its end (``peer_gone``)
+  nothing more is written and ``_client_gone()`` is True, which the caller passes on as the
+  generation's cancel check.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import select
+import socket
+from http.server import BaseHTTPRequestHandler
+
+from impl.media import BadRequest
+
+__all__ = ["MAX_BODY_BYTES", "BadRequest", "JSONHandler", "is_loopback", "peer_gone", "validate_generate"]
+
+MAX_BODY_BYTES = 8 << 20
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and 'localhost' - the only addresses our servers bind to."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def peer_gone(sock) -> bool:
+    """True once the peer of ``sock`` closed its end: EOF is readable without blocking."""
+    try:
+        r, _, _ = select.select([sock], [], [], 0)
+        return bool(r) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+
+
+def validate_generate(body: bytes, max_prompt_tokens: int, max_new_tokens: int) -> dict:
+    """Parse and check a /generate body; raises BadRequest before anything is touched."""
+    try:
+        req = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"malformed JSON: {e}")
+    if not isinstance(req, dict):
+        raise BadRequest("request body must be a JSON object")
+    if "prompt" not in req:
+        raise BadRequest("missing field 'prompt'")
+    prompt = req["prompt"]
+    if not isinstance(prompt, list) or not prompt:
+        raise BadRequest("'prompt' must be a non-empty list of token ids or of chat messages")
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if any(t < 0 for t in prompt):
+            raise BadRequest("'prompt' token ids must be >= 0")
+        if len(prompt) > max_prompt_tokens:
+            raise BadRequest(f"prompt has {len(prompt)} tokens; the limit is {max_prompt_tokens}", 413)
+    elif all(isinstance(m, dict) for m in prompt):
+        chars = 0
+        for i, m in enumerate(prompt):
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise BadRequest(f"message {i} needs string fields 'role' and 'content'")
+            chars += len(m["content"])
+        # A token is at least one character for any tokenizer we serve, so a prompt whose text
+        # is this long is certainly over the token limit... only bound it generously here; the
+        # token count is checked again by the engine's tokenizer.
+        if chars > 8 * max_prompt_tokens:
+            raise BadRequest(f"prompt has {chars} characters; the limit is {8 * max_prompt_tokens}", 413)
+    else:
+        raise BadRequest("'prompt' must be a list of token ids (ints) or of {role, content} messages")
+    max_tokens = req.get("max_tokens", 128)
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        raise BadRequest("'max_tokens' must be an integer")
+    if max_tokens < 0:
+        raise BadRequest(f"'max_tokens' must be >= 0, got {max_tokens}")
+    if max_tokens > max_new_tokens:
+        raise BadRequest(f"'max_tokens' {max_tokens} exceeds the limit {max_new_tokens}")
+    stream = req.get("stream", True)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean")
+    media = req.get("media", [])
+    if not isinstance(media, list):
+        raise BadRequest("'media' must be a list")
+    return {"prompt": prompt, "max_tokens": max_tokens, "stream": stream, "media": media}
+
+
+class JSONHandler(BaseHTTPRequestHandler):
+    """The JSON plumbing of the runner's and the server's handlers: replies, request bodies
+    bounded by `_body_limit()` (a BadRequest with 411/413 otherwise), and NDJSON streams."""
+
+    def _body_limit(self) -> int:
+        return MAX_BODY_BYTES
+
+    def _send_json(self, status: int, obj) -> None:
+        data = (json.dumps(obj) + "\n").encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _read_body(self) -> bytes:
+        length = self.headers.get("Content-Length")
+        if length is None:
+            raise BadRequest("Content-Length required", 411)
+        try:
+            n = int(length)
+        except ValueError:
+            raise BadRequest("bad Content-Length")
+        if n < 0:
+            raise BadRequest("bad Content-Length")
+        if n > self._body_limit():
+            raise BadRequest(f"body of {n} bytes exceeds the limit of {self._body_limit()}", 413)
+        return self.rfile.read(n)
+
+    # ------------------------------------------------------------ NDJSON streams
+    def _start_stream(self) -> None:
+        """Before a streamed answer: nothing sent yet, peer present, connection closed after."""
+        self._gone = False
+        self._headers_sent = False
+        self.close_connection = True
+
+    def _client_gone(self) -> bool:
+        """True once the peer closed its end (EOF readable without blocking)."""
+        if not self._gone and peer_gone(self.connection):
+            self._gone = True
+        return self._gone
+
+    def _write_line(self, obj) -> None:
+        """One NDJSON line (the 200 headers first, once); nothing once the peer is gone."""
+        if self._gone:
+            return
+        if not self._headers_sent:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-ndjson")
+            self.end_headers()
+            self._headers_sent = True
+        try:
+            self.wfile.write((json.dumps(obj) + "\n").encode())
+            self.wfile.flush()
+        except OSError:
+            self._gone = True
