@@ -112,6 +112,7 @@ class PrefixCache:
         self.clock = 0
         self.request: Request | None = None
         self.evictions = 0                      # nodes evicted so far (impl reports them per request)
+        self.victims: list = []                 # their key paths, in eviction order (spec.view.Op.evicted)
 
     @property
     def root(self) -> Node:
@@ -360,6 +361,7 @@ class PrefixCache:
                 return
             v = min(victims, key=self.evict_order)
             self.evictions += 1
+            self.victims.append(v.path_keys())
             if v.children:                        # E4
                 if v.children[0] in self.path:
                     self.path.remove(v.children[0])

@@ -1,17 +1,25 @@
-"""Every rule of REFERENCE section 3 as a named predicate.
+"""Every rule of REFERENCE section 3 as one named predicate over views.
 
-Each predicate takes a PrefixCache (the spec's, or impl's abstraction of
-itself, which has the same shape) and returns the violations it finds, each
-naming its rule id and the offending node. `check(pc)` runs them all.
-Operation-level rules (G1 merge refusal, G2 merge result, S4 split halves,
-E3 victim order) are predicates over an operation's inputs and outputs and
-are asserted where the operation happens.
+A predicate reads only the read-only view (spec.view) of the cache under
+check, never the cache: no eviction order, protection or reachability is
+asked of it; each is stated here from REFERENCE's words. So the same code
+judges the spec, impl (through its view) and every target (targets/).
+
+  state rules      f(view) -> [Violation]                 STATE
+  operation rules  f(before, op, after) -> [Violation]    OPERATION
+
+`check(x)` runs the state rules on a view (or on anything with `.view()`);
+`check_step(before, op, after)` runs the operation rules. `PREDICATES` maps
+every rule id to its one predicate. A violation names its rule and the node
+by key path.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spec.trie import KV, state_content, walk
+from spec.media import resume_floor
+from spec.trie import KV, WINDOWED, common_prefix, state_content
+from spec.view import NodeView, Op, View
 
 
 @dataclass(frozen=True)
@@ -24,212 +32,430 @@ class Violation:
         return f"{self.rule} at {self.where}: {self.message}"
 
 
-def where(n) -> str:
-    return "root" if n.parent is None else f"node [{n.start}, {n.end})"
+def as_view(x) -> View:
+    return x if isinstance(x, View) else x.view()
 
 
-def phase(pc) -> str:
-    r = pc.request
-    if r is None:
-        return "idle"
-    if r.prefilled:
-        return "prefilled"
-    return "prefilling" if r.chunks else "begun"
+def inside(x: int, spans) -> bool:
+    return any(a < x < e for a, e in spans)
 
 
 # --------------------------------------------------------------- structure
-def t1_offsets(pc):
-    """T1: start(n) = end(parent(n)), edges non-empty, links agree."""
+def t1_offsets(v: View):
+    """T1: start(n) = end(parent(n)); edges non-empty; parent and child links agree."""
     out = []
-    for n in walk(pc.root):
-        for c in n.children:
-            if c.parent is not n or c.start != n.end or not c.edge:
-                out.append(Violation("T1", where(c), f"start {c.start}, parent end {n.end}, edge {len(c.edge)}"))
+    for n in v.walk():
+        for c in v.children(n):
+            if c.parent != n.keys or c.start != n.end or c.end <= c.start:
+                out.append(Violation("T1", str(c), f"start {c.start}, parent end {n.end}, edge {c.end - c.start}"))
     return out
 
 
-def t2_siblings(pc):
+def t2_siblings(v: View):
     """T2: siblings never share a first key."""
     out = []
-    for n in walk(pc.root):
-        firsts = [c.edge[0] for c in n.children if c.edge]
+    for n in v.walk():
+        firsts = [c.keys[n.end] for c in v.children(n)]
         if len(firsts) != len(set(firsts)):
-            out.append(Violation("T2", where(n), "children share a first key"))
+            out.append(Violation("T2", str(n), "children share a first key"))
     return out
 
 
-def t3_one_offset(pc):
+def t3_one_offset(v: View):
     """T3: all layers rest at one offset; the active path is a root-to-node
     chain whose frontier ends at the live offset after begin and close."""
     out = []
-    for i, layer in enumerate(pc.layers):
-        if layer.stateful and len(pc.live[i]) != len(state_content(layer, tuple(range(pc.offset)))):
-            out.append(Violation("T3", f"layer {i}", f"holds {len(pc.live[i])} positions at offset {pc.offset}"))
-    if pc.path[0] is not pc.root or any(b.parent is not a for a, b in zip(pc.path, pc.path[1:])):
+    for i, layer in enumerate(v.layers):
+        live = v.live[i] if i < len(v.live) else None
+        if layer.stateful and live is not None and len(live) != len(state_content(layer, tuple(range(v.offset)))):
+            out.append(Violation("T3", f"layer {i}", f"holds {len(live)} positions at offset {v.offset}"))
+    if any(o != v.offset for o in v.live_offsets):
+        out.append(Violation("T3", "live caches", f"layers at offsets {sorted(set(v.live_offsets))}"))
+    path = v.on_path()
+    if not path or not path[0].is_root or any(b.parent != a.keys for a, b in zip(path, path[1:])):
         out.append(Violation("T3", "active path", "not a root-to-node chain"))
-    if phase(pc) in ("idle", "begun") and pc.frontier.end != pc.offset:
-        out.append(Violation("T3", where(pc.frontier), f"frontier ends at {pc.frontier.end}, live offset {pc.offset}"))
+    elif v.phase in ("idle", "begun") and v.frontier.end != v.offset:
+        out.append(Violation("T3", str(v.frontier), f"frontier ends at {v.frontier.end}, live offset {v.offset}"))
     return out
 
 
 # --------------------------------------------------------- snapshot coverage
-def s1_kv_exact(pc):
-    """S1: every KV snapshot spans exactly its node's edge and holds its keys."""
+def s1_kv_exact(v: View):
+    """S1: every KV snapshot spans exactly its node's edge (and holds its keys)."""
     out = []
-    for n in walk(pc.root):
-        keys = n.path_keys()
+    for n in v.walk():
         for i, s in n.snaps.items():
-            if s.kind == KV and ((s.start, s.end) != (n.start, n.end) or s.content != keys[n.start:n.end]):
-                out.append(Violation("S1", where(n), f"layer {i} KV [{s.start}, {s.end}) content mismatch"
-                                     if (s.start, s.end) == (n.start, n.end) else
-                                     f"layer {i} KV [{s.start}, {s.end}) vs edge [{n.start}, {n.end})"))
+            if s.kind != KV:
+                continue
+            if (s.start, s.end) != (n.start, n.end):
+                out.append(Violation("S1", str(n), f"layer {i} KV [{s.start}, {s.end}) vs edge [{n.start}, {n.end})"))
+            elif s.content is not None and tuple(s.content) != n.edge:
+                out.append(Violation("S1", str(n), f"layer {i} KV content is not the edge's keys"))
     return out
 
 
-def s2_whole_state_at_end(pc):
+def s2_whole_state_at_end(v: View):
     """S2: a whole-state snapshot is the state at its node's end."""
     out = []
-    for n in walk(pc.root):
-        keys = n.path_keys()
+    for n in v.walk():
         for i, s in n.snaps.items():
-            if s.kind != KV and (s.end != n.end or s.content != state_content(pc.layers[i], keys)):
-                out.append(Violation("S2", where(n), f"layer {i} state at {s.end} is not the state at {n.end}"))
+            if s.kind == KV:
+                continue
+            if s.end != n.end or (s.content is not None and tuple(s.content) != state_content(v.layers[i], n.keys)):
+                out.append(Violation("S2", str(n), f"layer {i} state at {s.end} is not the state at {n.end}"))
     return out
 
 
-def s3_frontier_complete(pc):
+def s3_frontier_complete(v: View):
     """S3: after close the frontier holds every stateful layer."""
-    f = pc.frontier
-    if phase(pc) != "idle" or f is pc.root:
+    f = v.frontier
+    if v.phase != "idle" or f.is_root:
         return []
-    missing = [i for i, layer in enumerate(pc.layers) if layer.stateful and i not in f.snaps]
-    return [Violation("S3", where(f), f"frontier misses layers {missing}")] if missing else []
+    missing = [i for i, layer in enumerate(v.layers) if layer.stateful and i not in f.snaps]
+    return [Violation("S3", str(f), f"frontier misses layers {missing}")] if missing else []
 
 
-def s4_split(head, tail, layers) -> list:
-    """S4 (operation-level): a split head gets KV halves only; whole-state
-    snapshots stay on the tail."""
+def s4_split(before: View, op: Op, after: View):
+    """S4: a node split out of an existing edge gets KV-only halves: the head
+    holds the first part of each KV snapshot the edge had, and the whole-state
+    snapshots stay on the tail, unchanged (they describe its end)."""
     out = []
-    for i, s in head.snaps.items():
-        if s.kind != KV or (s.start, s.end) != (head.start, head.end):
-            out.append(Violation("S4", where(head), f"head got layer {i} {s.kind} [{s.start}, {s.end})"))
-    for i, s in tail.snaps.items():
-        if s.kind == KV and (s.start, s.end) != (tail.start, tail.end):
-            out.append(Violation("S4", where(tail), f"tail layer {i} KV [{s.start}, {s.end})"))
+    for b in before.walk():
+        tail = after.nodes.get(b.keys)
+        if b.is_root or tail is None or tail.start <= b.start:
+            continue                                           # not split
+        head = after.nodes.get(b.keys[:tail.start])
+        for i, s in b.snaps.items():
+            if s.kind != KV and (i not in tail.snaps or tail.snaps[i].end != s.end
+                                 or tail.snaps[i].content != s.content):
+                out.append(Violation("S4", str(tail), f"layer {i} whole-state left the tail of a split"))
+            if s.kind == KV and head is not None and head.start == b.start and i in head.snaps:
+                h = head.snaps[i]
+                if h.kind != KV or (s.content is not None and h.content is not None
+                                    and tuple(h.content) != tuple(s.content)[:head.end - b.start]):
+                    out.append(Violation("S4", str(head), f"layer {i} head is not the first half of the KV snapshot"))
     return out
 
 
 # ------------------------------------------------------------------- media
-def m_media(pc):
-    """M1: no chunk ends strictly inside a non-causal item; M2: no capture is
-    scheduled strictly inside one; M3: the resume is not strictly inside one."""
-    r, out = pc.request, []
+def m1_chunks(v: View):
+    """M1: no prefill chunk ends strictly inside a non-causal item."""
+    r = v.request
+    return [] if r is None else [Violation("M1", f"chunk [{p}, {q})", "ends inside a non-causal item")
+                                 for p, q in r.chunks if inside(q, r.spans)]
+
+
+def m2_captures(v: View):
+    """M2: no capture is scheduled strictly inside a non-causal item, and no
+    node (so no snapshot) ends strictly inside one of the open request's items."""
+    r = v.request
     if r is None:
-        return out
-    inside = lambda x: any(a < x < e for a, e in r.spans)
-    out += [Violation("M1", f"chunk [{p}, {q})", "ends inside a non-causal item") for p, q in r.chunks if inside(q)]
-    out += [Violation("M2", f"capture {c}", "scheduled inside a non-causal item") for c, _ in r.schedule if inside(c)]
-    if inside(r.resume):
-        out.append(Violation("M3", f"resume {r.resume}", "inside a non-causal item"))
+        return []
+    out = [Violation("M2", f"capture {c}", "scheduled inside a non-causal item") for c, _ in r.schedule
+           if inside(c, r.spans)]
+    out += [Violation("M2", str(n), "a snapshot ends inside a non-causal item") for n in v.walk()
+            if n.snaps and n.keys == r.keys[:n.end] and inside(n.end, r.spans)]
     return out
 
 
+def m3_resume(v: View):
+    """M3: the resume offset is never strictly inside a non-causal item."""
+    r = v.request
+    return [Violation("M3", f"resume {r.resume}", "inside a non-causal item")] \
+        if r is not None and inside(r.resume, r.spans) else []
+
+
 # ------------------------------------------------- resume inside an edge
-def p1_split_at_live(pc):
-    """P1: right after begin the frontier ends at the resume offset and was
-    the node last touched."""
-    if phase(pc) != "begun":
+def p1_split_at_live(before: View, op: Op, after: View):
+    """P1: a begin that resumes strictly inside a cached edge splits that node
+    at the live offset: the head [start, live) is the frontier, was touched
+    last, holds KV-only snapshots, and the tail is its child."""
+    if op.name != "begin" or after.request is None:
         return []
-    f = pc.frontier
-    bad = f.end != pc.request.resume or (f is not pc.root and f.last_used != pc.clock)
-    return [Violation("P1", where(f), f"frontier end {f.end}, resume {pc.request.resume}")] if bad else []
+    r = after.request
+    f = after.frontier
+    out = []
+    if f.end != r.resume:
+        out.append(Violation("P1", str(f), f"frontier ends at {f.end}, resume {r.resume}"))
+    if not f.is_root and any(n.last_used > f.last_used for n in after.walk()):
+        out.append(Violation("P1", str(f), "the frontier was not the node touched last"))
+    cut = [b for b in before.walk() if not b.is_root and b.start < r.resume < b.end
+           and b.keys[:r.resume] == r.keys[:r.resume]]
+    for b in cut:
+        tail = after.nodes.get(b.keys)
+        if tail is None:
+            continue                                            # evicted in the same begin
+        if tail.parent != f.keys:
+            out.append(Violation("P1", str(tail), f"tail of the edge resumed at {r.resume} is not the head's child"))
+        if any(s.kind != KV for s in f.snaps.values()):
+            out.append(Violation("P1", str(f), "the split head holds whole-state snapshots"))
+    return out
 
 
-def p2_compacted(pc):
+def p2_compacted(v: View):
     """P2: at rest, no active-path node but root and frontier is a non-user
-    node with exactly one child (compaction merged it; eviction compacts
-    after removing a leaf, so it holds after eviction too)."""
-    if phase(pc) != "idle":
+    node with one child and no whole-state snapshot (compaction merges those;
+    a node holding a whole-state checkpoint stays until eviction)."""
+    if v.phase != "idle":
         return []
-    return [Violation("P2", where(n), "non-user single-child node left on the active path")
-            for n in pc.path[1:-1] if not n.user and len(n.children) == 1]
+    return [Violation("P2", str(n), "non-user single-child node without whole-state left on the active path")
+            for n in v.on_path()[1:-1]
+            if not n.user and len(n.children) == 1 and all(s.kind == KV for s in n.snaps.values())]
 
 
 # ----------------------------------------------------------------- merging
-def g1_adjacent(a, b) -> bool:
-    """G1: two KV snapshots merge only if the first ends where the second begins."""
-    return a.end == b.start
+def merged_parts(before: View, after: View):
+    """(m, parts) for each node of `after` whose start moved earlier: it absorbed
+    the chain of `before` nodes `parts` covering [m.start, m.end)."""
+    for m in after.walk():
+        old = before.nodes.get(m.keys)
+        if m.is_root or old is None or m.start >= old.start:
+            continue
+        parts = [before.nodes[m.keys[:e]] for e in range(m.start + 1, m.end + 1) if m.keys[:e] in before.nodes]
+        if parts and parts[0].start == m.start:
+            yield m, parts
 
 
-def g2_merged(merged, node_edge, child_edge, child_user, last_used) -> list:
-    """G2 (operation-level): edges concatenate, the child's user flag and
-    the newer last-used time survive."""
-    ok = merged.edge == node_edge + child_edge and merged.user == child_user and merged.last_used == last_used
-    return [] if ok else [Violation("G2", where(merged), "merge result differs")]
+def g1_adjacent(before: View, op: Op, after: View):
+    """G1: two KV snapshots merge only if the first ends where the second
+    begins: a merged node's KV snapshot exists only where its parts' snapshots
+    were adjacent, and then holds exactly their concatenation."""
+    out = []
+    for m, parts in merged_parts(before, after):
+        for i, s in m.snaps.items():
+            if s.kind != KV or not all(i in p.snaps for p in parts):
+                continue
+            ss = [p.snaps[i] for p in parts]
+            if any(a.end != b.start for a, b in zip(ss, ss[1:])):
+                out.append(Violation("G1", str(m), f"layer {i} merged non-adjacent KV "
+                                     + " + ".join(f"[{a.start}, {a.end})" for a in ss)))
+            elif all(a.content is not None for a in ss) and s.content is not None and \
+                    tuple(s.content) != tuple(k for a in ss for k in a.content):
+                out.append(Violation("G1", str(m), f"layer {i} merged KV is not the concatenation of its parts"))
+    return out
+
+
+def g2_merged(before: View, op: Op, after: View):
+    """G2: merging a node with its single child concatenates the edges and
+    each KV pair (two lazy views stay lazy: no copy), keeps the child's newer
+    whole-state, and the newer last-used time."""
+    out = []
+    for m, parts in merged_parts(before, after):
+        child = parts[-1]
+        for i, s in m.snaps.items():
+            if s.kind == KV and s.lazy and not all(i in p.snaps and p.snaps[i].lazy for p in parts):
+                out.append(Violation("G2", str(m), f"layer {i} merged KV is lazy though a part owned its rows"))
+        for i, s in child.snaps.items():
+            if s.kind != KV and (i not in m.snaps or m.snaps[i].end != s.end or m.snaps[i].content != s.content):
+                out.append(Violation("G2", str(m), f"layer {i} did not keep the child's whole-state"))
+        if m.last_used < max(p.last_used for p in parts):
+            out.append(Violation("G2", str(m), f"last-used {m.last_used} older than its parts'"))
+    return out
 
 
 # ---------------------------------------------------------------- eviction
-def e2_evictable(pc, n) -> bool:
-    """E2, stated here rather than taken from the cache under check: only the
-    root, the frontier and branch points (two or more children) are protected."""
-    return n is not pc.root and n is not pc.frontier and len(n.children) < 2
+def e2_evictable(v: View, n: NodeView) -> bool:
+    """E2: only the root, the frontier and branch points (two or more
+    children) are protected; every other node can be evicted."""
+    return not n.is_root and n.keys != v.frontier.keys and len(n.children) < 2
 
 
-def e1_budget(pc):
+def e1_budget(v: View):
     """E1 (with E2's protection): at rest, paged-out bytes are within budget
     unless every remaining node is protected."""
-    if phase(pc) not in ("idle", "begun") or pc.store.counter <= pc.budget:
+    if v.phase not in ("idle", "begun") or v.counter <= v.budget:
         return []
-    if any(e2_evictable(pc, n) for n in walk(pc.root)):
-        return [Violation("E1", "trie", f"{pc.store.counter} bytes over budget {pc.budget} with evictable nodes")]
+    if any(e2_evictable(v, n) for n in v.walk()):
+        return [Violation("E1", "trie", f"{v.counter} bytes over budget {v.budget} with evictable nodes")]
     return []
 
 
-def e3_victim(pc, victim) -> list:
-    """E3 (operation-level): the victim is the least recently used evictable
-    node, deeper then larger first."""
-    best = min((n for n in walk(pc.root) if e2_evictable(pc, n)), key=pc.evict_order)
-    return [] if best is victim else [Violation("E3", where(victim), f"expected {where(best)}")]
+def victims(before: View, op: Op, after: View) -> list:
+    """The nodes an operation evicted: as the target reports them, else the
+    leaves of `before` that are gone from `after`."""
+    if op.evicted is not None:
+        return [before.nodes[k] for k in op.evicted if k in before.nodes]
+    return [b for b in before.walk() if not b.is_root and not b.children and b.keys not in after.nodes
+            and not any(k[:b.end] == b.keys for k in after.nodes)]
+
+
+def e2_protected(before: View, op: Op, after: View):
+    """E2: eviction never takes a protected node: a budget change keeps the
+    frontier, and no branch point goes while two of its children remain."""
+    out = []
+    if op.name == "set_budget" and before.path[-1] not in after.nodes:
+        out.append(Violation("E2", str(before.frontier), "the frontier was evicted"))
+    for b in before.walk():
+        if not b.is_root and b.keys not in after.nodes and sum(k in after.nodes for k in b.children) >= 2:
+            out.append(Violation("E2", str(b), "a branch point was evicted while two of its children remain"))
+    return out
+
+
+def bytes_of(n: NodeView) -> int:
+    return sum(s.nbytes for s in n.snaps.values())
+
+
+def e3_order(before: View, op: Op, after: View):
+    """E3: least recently used first; ties deeper first, then larger first. No
+    node the operation evicted was ahead, in that order, of a node that was
+    evictable before and after it and survived unchanged."""
+    gone = victims(before, op, after)
+    if not gone:
+        return []
+    order = lambda n: (n.last_used, -n.end, -bytes_of(n))
+    path = set(after.path) | {before.path[-1]}
+    kept = [a for a in after.walk() if a.keys in before.nodes and a.keys not in path and e2_evictable(after, a)
+            and e2_evictable(before, before.nodes[a.keys]) and before.nodes[a.keys].start == a.start]
+    out = []
+    for g in gone:
+        first = min(kept, key=order, default=None)
+        if first is not None and order(first) < order(g):
+            out.append(Violation("E3", str(g), f"evicted before {first} (last used {first.last_used} "
+                                 f"< {g.last_used}, or tied and deeper/larger)"))
+    return out
+
+
+def e4_evict_shape(before: View, op: Op, after: View):
+    """E4: evicting a leaf removes it; evicting a node with one child merges it
+    into that child, which keeps its whole-state (G2)."""
+    out = []
+    for b in before.walk():
+        if b.is_root or b.keys in after.nodes or len(b.children) != 1:
+            continue
+        c = b.children[0]
+        if c in after.nodes and after.nodes[c].start == before.nodes[c].start:
+            out.append(Violation("E4", str(b), f"removed without merging into its child {before.nodes[c]}"))
+    return out
+
+
+def deepest_restore(before: View, keys: tuple, spans) -> tuple:
+    """(m, r): the match m of `keys` in `before`'s trie after the decode-seed
+    back-off and the M3 floor, and the largest r <= m that every stateful layer
+    can be brought to (C2): a KV layer from the live buffer or KV snapshots
+    covering [0, r) along the matched path; a whole-state layer from its live
+    state at r (a windowed layer also rewound inside a window that never
+    wrapped), or a snapshot at exactly r on the matched path."""
+    m, path = 0, []
+    node = before.root
+    while m < len(keys):
+        nxt = next((before.nodes[c] for c in node.children if before.nodes[c].keys[node.end] == keys[m]), None)
+        if nxt is None:
+            break
+        k = common_prefix(nxt.edge, keys[m:])
+        path.append(nxt)
+        m += k
+        if k < len(nxt.edge):
+            break
+        node = nxt
+    m = resume_floor(min(m, len(keys) - 1), list(spans))
+    path = [n for n in path if n.start < m]
+    common = min(common_prefix(before.seq, keys), before.offset)
+
+    def reach(i, x):
+        layer = before.layers[i]
+        if x == 0:
+            return True
+        if layer.kind == KV:
+            return all((n.start >= x) or (min(n.end, x) <= common) or i in n.snaps for n in path)
+        unwrapped = lambda end: layer.kind == WINDOWED and end <= layer.window
+        if x <= common and before.offset >= x and (before.offset == x or unwrapped(before.offset)):
+            return True
+        return any(i in n.snaps and (n.snaps[i].end == x or (unwrapped(n.snaps[i].end) and x <= n.snaps[i].end))
+                   for n in path)
+    r = next(x for x in range(m, -1, -1) if not inside(x, spans)
+             and all(reach(i, x) for i, l in enumerate(before.layers) if l.stateful))
+    return m, r
+
+
+def _begin_resume(before, op, after):
+    if op.name != "begin" or op.outcome is None:
+        return None
+    spans = after.request.spans if after.request is not None else (op.args[1] if len(op.args) > 1 else ())
+    m, r = deepest_restore(before, tuple(op.args[0]), spans)
+    return m, r, op.outcome[1]
+
+
+def c2_deepest_restore(before: View, op: Op, after: View):
+    """C2: begin resumes at the deepest offset the trie can serve; here, where
+    that is the match itself."""
+    got = _begin_resume(before, op, after)
+    if got is None:
+        return []
+    m, r, resume = got
+    if r == m and resume != r:
+        return [Violation("C2", f"begin of {len(op.args[0])} keys", f"resumed at {resume}, the trie serves {r}")]
+    return []
+
+
+def e5_rewind(before: View, op: Op, after: View):
+    """E5: rewinding past an evicted checkpoint resumes at the newest surviving
+    checkpoint before the match."""
+    got = _begin_resume(before, op, after)
+    if got is None:
+        return []
+    m, r, resume = got
+    if r < m and resume != r:
+        return [Violation("E5", f"begin of {len(op.args[0])} keys",
+                          f"resumed at {resume}, the newest surviving checkpoint before {m} is {r}")]
+    return []
 
 
 # ------------------------------------------------------------- accounting
-def a1_counter(pc):
+def a1_counter(v: View):
     """A1: the byte counter equals the owned bytes of the snapshots in the trie."""
-    total = sum(s.nbytes(pc.layers[i]) for n in walk(pc.root) for i, s in n.snaps.items())
-    return [] if total == pc.store.counter else [Violation("A1", "trie", f"counter {pc.store.counter} != {total}")]
+    total = sum(bytes_of(n) for n in v.walk())
+    return [] if total == v.counter else [Violation("A1", "trie", f"counter {v.counter} != owned bytes {total}")]
 
 
-def a2_ownership(pc):
-    """A2: every snapshot is held by exactly one node (or the open request)
-    or was released exactly once."""
-    holders = {}
-    for n in walk(pc.root):
-        for s in n.snaps.values():
-            holders[id(s)] = holders.get(id(s), 0) + 1
-    if pc.request is not None:
-        for c in pc.request.pending:
-            for s in c.snaps.values():
-                holders[id(s)] = holders.get(id(s), 0) + 1
-    out = []
-    for s in pc.store.created:
-        count = holders.get(id(s), 0)
-        if (s.released and count) or (not s.released and count != 1):
-            out.append(Violation("A2", f"layer {s.layer} [{s.start}, {s.end})",
-                                 f"held {count} times, released={s.released}"))
+def a2_ownership(v: View):
+    """A2: every snapshot is held by exactly one node (or the open request's
+    pending captures) or released exactly once; nothing created is lost."""
+    held = [(n, s.ident) for n in v.walk() for s in n.snaps.values() if s.ident is not None]
+    held += [(None, i) for i in (v.request.pending if v.request else ())]
+    out, seen = [], {}
+    for n, ident in held:
+        seen[ident] = seen.get(ident, 0) + 1
+    released = {}
+    for ident in v.released:
+        released[ident] = released.get(ident, 0) + 1
+    for n, ident in held:
+        if seen[ident] > 1 or ident in released:
+            out.append(Violation("A2", str(n) if n else "pending capture",
+                                 f"snapshot held {seen[ident]} times, released {released.get(ident, 0)} times"))
+    out += [Violation("A2", "store", f"a snapshot released {k} times") for k in released.values() if k > 1]
+    if v.created is not None:
+        lost = [i for i in v.created if i not in seen and i not in released]
+        if lost:
+            out.append(Violation("A2", "store", f"{len(lost)} snapshots neither held nor released (leaked)"))
     return out
 
 
 # --------------------------------------------------------------- oracle
-def c1_cold_equivalence(pc):
+def c1_cold_equivalence(v):
     """C1: each layer's live content equals a cold prefill of the live keys."""
-    return [Violation("C1", f"layer {i}", f"live state differs from a cold prefill of {pc.offset} keys")
-            for i, layer in enumerate(pc.layers) if layer.stateful and pc.live[i] != pc.cold(i)]
+    v = as_view(v)
+    return [Violation("C1", f"layer {i}", f"live state differs from a cold prefill of {v.offset} keys")
+            for i, layer in enumerate(v.layers)
+            if layer.stateful and v.live[i] is not None and tuple(v.live[i]) != v.cold(i)]
 
 
-STATIC = (t1_offsets, t2_siblings, t3_one_offset, s1_kv_exact, s2_whole_state_at_end, s3_frontier_complete,
-          m_media, p1_split_at_live, p2_compacted, e1_budget, a1_counter, a2_ownership, c1_cold_equivalence)
+STATE = {"T1": t1_offsets, "T2": t2_siblings, "T3": t3_one_offset, "S1": s1_kv_exact,
+         "S2": s2_whole_state_at_end, "S3": s3_frontier_complete, "M1": m1_chunks, "M2": m2_captures,
+         "M3": m3_resume, "P2": p2_compacted, "E1": e1_budget, "A1": a1_counter, "A2": a2_ownership,
+         "C1": c1_cold_equivalence}
+OPERATION = {"S4": s4_split, "P1": p1_split_at_live, "G1": g1_adjacent, "G2": g2_merged, "E2": e2_protected,
+             "E3": e3_order, "E4": e4_evict_shape, "E5": e5_rewind, "C2": c2_deepest_restore}
+PREDICATES = {**STATE, **OPERATION}
 
 
-def check(pc) -> list:
-    """Every violation of every static rule."""
-    return [v for rule in STATIC for v in rule(pc)]
+def check(x, rules=None) -> list:
+    """Every violation of every state rule (of `rules`, default all) on a view,
+    or on anything with `.view()`."""
+    v = as_view(x)
+    return [viol for rid, f in STATE.items() if rules is None or rid in rules for viol in f(v)]
+
+
+def check_step(before: View, op: Op, after: View, rules=None) -> list:
+    """Every violation of every operation rule (of `rules`) by `op`, which
+    took the cache from view `before` to view `after`."""
+    return [viol for rid, f in OPERATION.items() if rules is None or rid in rules for viol in f(before, op, after)]

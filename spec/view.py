@@ -31,6 +31,9 @@ from typing import Mapping
 from spec.trie import Layer, state_content
 
 
+LINK_MISMATCH = ("<parent link disagrees>",)   # NodeView.parent of a child whose parent link is not its parent
+
+
 @dataclass(frozen=True)
 class SnapView:
     """One layer's snapshot on a node. KV: positions [start, end); whole-state:
@@ -237,8 +240,8 @@ def freeze(root, path, *, layers, offset, seq, live, counter, budget, clock=0, r
                                 content_of(i, s, keys) if content_of else None, id(s))
         nodes[keys] = NodeView(keys, n.start, bool(n.user), n.last_used, MappingProxyType(snaps), parent_keys,
                                tuple(keys + tuple(c.edge) for c in kids))
-        for c in kids:
-            visit(c, keys, keys)
+        for c in kids:   # a child whose own parent link is another object: a link no key path can name (T1)
+            visit(c, keys, keys if getattr(c, "parent", n) is n else LINK_MISMATCH)
     visit(root, (), None)
     keys_of = {id(n): None for n in path}
     acc = ()

@@ -11,8 +11,10 @@ then close(). `check(pc) == []` is asserted after every operation.
 from __future__ import annotations
 
 from spec.cache import PrefixCache
-from spec.rules import check
+from spec.media import keys_of, noncausal_spans
+from spec.rules import check, check_step
 from spec.trie import Layer
+from spec.view import Op
 
 HYBRID = (Layer("kv", 2), Layer("windowed", 3, window=6), Layer(None), Layer("recurrent", 10))
 PURE_KV = (Layer("kv", 2), Layer("kv", 1))
@@ -30,22 +32,42 @@ def rules(pc) -> set:
     return {v.rule for v in check(pc)}
 
 
+def observe(pc, name, *args, media=()):
+    """Run operation `name` on the spec cache; return (before, Op, after): the
+    views around it and the Op the operation rules judge (begin's args are
+    the prompt's keys and non-causal spans; victims as the spec evicted them)."""
+    before, evicted = pc.view(), len(pc.victims)
+    out = pc.begin(list(args[0]), media) if name == "begin" else getattr(pc, name)(*args)
+    op_args = (keys_of(list(args[0]), media), tuple(noncausal_spans(media))) if name == "begin" else args
+    op = Op(name, op_args, out if name == "begin" else None, tuple(pc.victims[evicted:]))
+    return before, op, pc.view(), out
+
+
+def do(pc, name, *args, media=()):
+    """Run an operation; every state and operation rule holds after it."""
+    before, op, after, out = observe(pc, name, *args, media=media)
+    violations = check(after) + check_step(before, op, after)
+    assert violations == [], f"after {name}: " + "\n".join(map(str, violations))
+    return out
+
+
+def op_rules(pc, name, *args, media=()) -> set:
+    """Run an operation unchecked; the ids of the state and operation rules it breaks."""
+    before, op, after, _ = observe(pc, name, *args, media=media)
+    return {v.rule for v in check(after) + check_step(before, op, after)}
+
+
 def begin(pc, tokens, media=()):
-    r = pc.begin(list(tokens), media)
-    ok(pc)
-    return r
+    return do(pc, "begin", tokens, media=media)
 
 
 def finish(pc, tokens, gen):
     """prefill, decode per the driver convention, close; check after each."""
-    pc.prefill()
-    ok(pc)
-    pc.step(tokens[-1])
+    do(pc, "prefill")
+    do(pc, "step", tokens[-1])
     for g in gen[:-1]:
-        pc.step(g)
-        ok(pc)
-    pc.close()
-    ok(pc)
+        do(pc, "step", g)
+    do(pc, "close")
 
 
 def run(pc, tokens, gen, media=()):

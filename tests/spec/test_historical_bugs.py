@@ -5,7 +5,7 @@ Each bug test is paired with the fixed behaviour on the same scenario."""
 from __future__ import annotations
 
 import pytest
-from spec_helpers import HYBRID, KV_REC, PURE_KV, begin, finish, ok, rules, run, tree
+from spec_helpers import HYBRID, KV_REC, PURE_KV, begin, finish, ok, op_rules, rules, run, tree
 
 import spec.cache
 from spec.cache import PrefixCache
@@ -96,7 +96,9 @@ def test_m3_bug_match_inside_an_item_not_moved_to_its_start(monkeypatch):
     assert (matched, resume) == (4, 2)       # begin's resume search still avoids the item ...
     assert rules(pc) == {"M2"}               # ... but the branch-point capture lands inside it
     monkeypatch.undo()
-    assert begin(m3_trie(), tokens, [IMG]) == (2, 2)
+    fixed = m3_trie()
+    assert fixed.begin(tokens, [IMG]) == (2, 2)
+    assert rules(fixed) == {"M2"}            # only the legacy node ending inside the item (M2), no M3
 
 
 def test_m1_bug_chunk_ends_inside_an_item_gives_broken_content(monkeypatch):
@@ -186,14 +188,12 @@ RESUME_INSIDE = [1, 2, 3, 4, 5, 6, 30, 31, 32, 33, 34]        # match 6 inside [
 def test_p1_bug_resumed_node_dropped_from_the_path(monkeypatch):
     begin_dropping_the_resumed_node(monkeypatch)
     pc = stored_with_bytes(budget=60)
-    pc.begin(RESUME_INSIDE)
+    assert op_rules(pc, "begin", RESUME_INSIDE) == {"T3", "P1"}
     assert pc.request.resume == 6 and pc.frontier.end == 4
-    assert rules(pc) == {"T3", "P1"}
 
 
 def bug_request(pc):
-    pc.begin(RESUME_INSIDE)
-    assert rules(pc) == {"T3", "P1"}
+    assert op_rules(pc, "begin", RESUME_INSIDE) == {"T3", "P1"}
     assert [n.edge for n in pc.root.children[0].children] == []    # the stale [4,9) was evicted first
     pc.prefill()
     node = pc.root.children[0].children[0]

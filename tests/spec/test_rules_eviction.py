@@ -2,10 +2,10 @@
 merge, and rewinding to an evicted turn."""
 from __future__ import annotations
 
-from spec_helpers import KV_REC, PURE_KV, begin, ok, run, tree
+from spec_helpers import KV_REC, PURE_KV, begin, do, observe, ok, run, tree
 
 from spec.cache import PrefixCache
-from spec.rules import e2_evictable, e3_victim
+from spec.rules import check_step, e2_evictable
 
 
 def conversation(pc, turns):
@@ -39,9 +39,10 @@ def test_e2_only_root_frontier_and_branch_points_are_protected():
     run(pc, [1, 2, 3, 9, 9], [6])
     branch = pc.root.children[0]
     assert len(branch.children) == 2
-    protected = [n for n in pc.store.nodes() if not e2_evictable(pc, n)]
-    assert protected == [pc.root, branch, pc.frontier]
-    assert all(pc.evictable(n) == e2_evictable(pc, n) for n in pc.store.nodes())
+    v = pc.view()
+    protected = [n.keys for n in v.walk() if not e2_evictable(v, n)]
+    assert protected == [n.path_keys() for n in (pc.root, branch, pc.frontier)]
+    assert all(pc.evictable(n) == e2_evictable(v, v.node(n.path_keys())) for n in pc.store.nodes())
 
 
 def test_e3_least_recently_used_first():
@@ -51,9 +52,7 @@ def test_e3_least_recently_used_first():
     run(pc, [9, 9, 9], [9, 9])        # frontier, protected
     first, second = pc.root.children[:2]
     assert first.last_used < second.last_used
-    assert e3_victim(pc, first) == []
-    pc.set_budget(pc.store.counter - 1)
-    ok(pc)
+    do(pc, "set_budget", pc.store.counter - 1)
     assert [n.edge for n in pc.root.children] == [(5, 6, 7, 8), (9, 9, 9, 9)]
 
 
@@ -64,7 +63,10 @@ def test_e3_tie_on_time_deeper_first():
     leaf = pc.root.children[0]
     head = pc.store.split(leaf, 2)    # a split copies the time: head and tail tie on it
     assert head.last_used == leaf.last_used
-    assert e3_victim(pc, leaf) == []  # the tail ends deeper
+    tail_keys = leaf.path_keys()
+    before, op, after, _ = observe(pc, "set_budget", pc.store.counter - 1)
+    assert op.evicted[0] == tail_keys          # the tail ends deeper
+    assert check_step(before, op, after) == []
 
 
 def test_e3_tie_on_time_and_depth_larger_first():

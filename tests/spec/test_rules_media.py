@@ -3,10 +3,11 @@ forward, captures land at their end, resumes at their start; causal items
 carry no restriction."""
 from __future__ import annotations
 
-from spec_helpers import KV_REC, PURE_KV, begin, finish, ok, tree
+from spec_helpers import KV_REC, PURE_KV, begin, finish, ok, op_rules, tree
 
 from spec.cache import PrefixCache
 from spec.media import FOLD_BIT, MediaItem
+from spec.rules import c1_cold_equivalence
 from spec.trie import walk
 
 IMG = MediaItem(pos=2, length=4, data=b"img")
@@ -58,11 +59,12 @@ def test_m3_match_ending_inside_an_item_resumes_at_its_start():
     for n in reversed(list(walk(head.children[0]))):
         pc.store.remove_leaf(n)
     tokens = [1, 2, 0, 0, 0, 0, 3, 4]                        # the same item, another tail
-    matched, resume = begin(pc, tokens, [IMG])
-    assert (matched, resume) == (2, 2)                       # match 4 is inside IMG: back to its start
+    assert op_rules(pc, "begin", tokens, media=[IMG]) == {"M2"}   # only the legacy node inside IMG
+    assert pc.request.resume == 2                            # match 4 is inside IMG: back to its start
     assert pc.frontier.end == 2
     assert pc.live[0] == (1, 2)                              # nothing of the item is reused
-    finish(pc, tokens, [6])                                  # C1 checked: the item evaluated whole
+    pc.prefill()
+    assert not c1_cold_equivalence(pc)                       # the item evaluated whole
 
 
 def finish_rest(pc, tokens, gen):

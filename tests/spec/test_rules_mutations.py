@@ -1,19 +1,20 @@
 """Failing variants, one per rule: a correct state (or operation) with one
 thing mutated, and the rule predicates report exactly that rule. State rules
-go through `check`; operation-level rules (S4, G1, G2, E3) through their
-predicate or error; E2, E4 and E5 (behaviours, not predicates) through a
-monkeypatched operation whose result the state rules flag."""
+go through `check`; operation rules through `check_step` on the views before
+and after a mutated operation (the full policy-mutant table, run the way a
+target run is, lives in tests/spec/test_power.py)."""
 from __future__ import annotations
 
 import copy
 
 import pytest
-from spec_helpers import HYBRID, KV_REC, PURE_KV, begin, ok, rules, run
+from spec_helpers import HYBRID, KV_REC, PURE_KV, begin, observe, ok, rules, run
 
 from spec.cache import PrefixCache
 from spec.media import MediaItem
-from spec.rules import e3_victim, g2_merged, s4_split
-from spec.trie import KV, Broken, MergeError, Node
+from spec.rules import check_step
+from spec.view import Op
+from spec.trie import KV, Broken, MergeError, Node, Store
 
 
 def idle_hybrid():
@@ -116,21 +117,29 @@ def test_m_rules_flag_a_request_inside_a_noncausal_item():
 def test_p1_rule_flags_a_stale_frontier():
     pc = PrefixCache(PURE_KV)
     run(pc, list(range(1, 9)), [9, 10])
-    begin(pc, [1, 2, 3, 4, 5, 6, 30])
-    pc.clock += 1                           # the frontier was not the node last touched
-    assert rules(pc) == {"P1"}
+    before = pc.view()
+    keys = (1, 2, 3, 4, 5, 6, 30)
+    out = pc.begin(list(keys))
+    pc.clock += 1
+    pc.path[1].last_used = pc.clock         # the frontier was not the node last touched
+    assert {v.rule for v in check_step(before, Op("begin", (keys, ()), out), pc.view())} == {"P1"}
+
+
+def ops(before, name, after, **kw):
+    return {v.rule for v in check_step(before, Op(name, **kw), after)}
 
 
 # ------------------------------------------------- operation-level rules
 def test_s4_head_with_whole_state_is_flagged():
     pc = PrefixCache(KV_REC)
     run(pc, list(range(1, 9)), [9, 10])
+    before = pc.view()
     tail = pc.frontier
     head = pc.store.split(tail, 6)
-    assert s4_split(head, tail, pc.layers) == []
+    assert ops(before, "split", pc.view()) == set()
     stolen = pc.store.disown(tail, 1)
     pc.store.own(head, stolen)                 # the whole-state moved to the head
-    assert {v.rule for v in s4_split(head, tail, pc.layers)} == {"S4"}
+    assert "S4" in ops(before, "split", pc.view())
 
 
 def test_g1_non_adjacent_merge_raises():
@@ -142,24 +151,43 @@ def test_g1_non_adjacent_merge_raises():
         pc.store.merge_with_child(node)
 
 
-def test_g2_merge_keeping_the_parent_user_flag_is_flagged():
+def test_g1_silent_concatenation_is_flagged(monkeypatch):
+    def silent(store, a, b):                   # the variant: concatenate without the adjacency check
+        merged = store.new_snap(layer=a.layer, kind=KV, start=a.start, end=a.end + b.end - b.start,
+                                content=a.content + b.content)
+        store.release(a)
+        store.release(b)
+        return merged
     pc = PrefixCache(PURE_KV)
     run(pc, list(range(1, 9)), [9, 10])
     node = pc.root.children[0]
-    child = node.children[0]
-    edges, newest = (node.edge, child.edge), max(node.last_used, child.last_used)
-    assert (node.user, child.user) == (True, False)
+    node.children[0].snaps[0].start += 1       # the child's KV no longer begins where the parent's ends
+    before = pc.view()
+    monkeypatch.setattr(Store, "merge_snaps", silent)
     pc.store.merge_with_child(node)
-    node.user = True                           # the variant: the parent's flag survives
-    assert {v.rule for v in g2_merged(node, *edges, False, newest)} == {"G2"}
+    assert "G1" in ops(before, "merge", pc.view())
 
 
-def test_e3_most_recently_used_victim_is_flagged():
+def test_g2_merge_keeping_the_older_last_used_is_flagged():
+    pc = PrefixCache(PURE_KV)
+    run(pc, list(range(1, 9)), [9, 10])
+    node = pc.root.children[0]
+    before = pc.view()
+    pc.store.merge_with_child(node)
+    assert ops(before, "merge", pc.view()) == set()
+    node.last_used = 0                         # the variant: the older time survives
+    assert ops(before, "merge", pc.view()) == {"G2"}
+
+
+def test_e3_most_recently_used_victim_is_flagged(monkeypatch):
     pc = PrefixCache(PURE_KV, near_end=0)
     run(pc, [1, 2, 3], [4, 4])
     run(pc, [5, 6, 7], [8, 8])
     run(pc, [9, 9, 9], [9, 9])
-    assert {v.rule for v in e3_victim(pc, pc.root.children[1])} == {"E3"}
+    monkeypatch.setattr(PrefixCache, "evict_order", lambda self, n: (-n.last_used,))   # MRU first
+    before, op, after, _ = observe(pc, "set_budget", pc.store.counter - 1)
+    assert {v.rule for v in check_step(before, op, after)} == {"E3"}
+    assert {v.rule for v in check_step(before, Op("set_budget", (op.args)), after)} == {"E3"}   # victims inferred
 
 
 def test_e2_protecting_the_active_path_is_flagged(monkeypatch):

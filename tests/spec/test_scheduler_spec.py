@@ -21,6 +21,8 @@ from impl.client import runner_processes
 from spec.scheduler import (CLOSED, EVENTS, LOADED, LOADING, NEW, STATES, IllegalTransition,
                             client_transition, fit_available, fit_decision, fits, lru_idle,
                             no_orphan_after_close, overcommits)
+from tests.support.fake_engine import FAKE_ENGINE
+from tests.support.in_process_runner import InProcessRunner
 
 GiB = 1 << 30
 
@@ -224,7 +226,7 @@ def test_bug_fit_check_without_the_system_bound_is_caught(monkeypatch):
     def run():
         sizes = {"a": 4 * GiB, "b": 4 * GiB}
         fig = {"system": 10 * GiB}
-        s = IS.Scheduler(lambda n: IS.InProcessRunner(n, sizes[n]), device_total=lambda: 10 * GiB,
+        s = IS.Scheduler(lambda n: InProcessRunner(n, sizes[n]), device_total=lambda: 10 * GiB,
                          system_free=lambda: fig["system"], required_bytes=lambda n: sizes[n],
                          known_model=lambda n: n in sizes)
         s.generate("a", [1], 1)
@@ -278,7 +280,8 @@ def test_bug_close_returning_before_reap_is_caught(monkeypatch):
 
     from impl.client import RunnerClient
 
-    good = RunnerClient("fake-a", engine="fake", runner_args=["--ignore-signals"], grace=0.2, load_timeout=30)
+    good = RunnerClient("fake-a", engine=FAKE_ENGINE, runner_args=["--ignore-signals"], grace=0.2,
+                        load_timeout=30)
     good.load()
     assert r1_close_check(good) == []
 
@@ -301,7 +304,8 @@ def test_bug_close_returning_before_reap_is_caught(monkeypatch):
 
     monkeypatch.setattr(RunnerClient, "_kill_and_reap", kill_without_reap)
     monkeypatch.setattr(RunnerClient, "_read_stdout", read_stdout_without_reaping)
-    bad = RunnerClient("fake-a", engine="fake", runner_args=["--ignore-signals"], grace=0.2, load_timeout=30)
+    bad = RunnerClient("fake-a", engine=FAKE_ENGINE, runner_args=["--ignore-signals"], grace=0.2,
+                       load_timeout=30)
     bad.load()
     proc = bad._proc
     try:
@@ -339,7 +343,7 @@ def test_bug_load_not_under_the_lock_is_caught(monkeypatch):
         return {}
 
     def run(load_impl):
-        c = RunnerClient("fake-a", engine="fake", load_timeout=30)
+        c = RunnerClient("fake-a", engine=FAKE_ENGINE, load_timeout=30)
         if load_impl is not None:
             monkeypatch.setattr(RunnerClient, "load", load_impl)
         errors = []
@@ -364,7 +368,7 @@ def test_bug_load_not_under_the_lock_is_caught(monkeypatch):
 def test_bug_load_allowed_after_close_is_caught(monkeypatch):
     from impl.client import ClientClosed, RunnerClient
 
-    c = RunnerClient("fake-a", engine="fake", load_timeout=30)
+    c = RunnerClient("fake-a", engine=FAKE_ENGINE, load_timeout=30)
     c.close()
     with pytest.raises(ClientClosed):
         c.load()
@@ -378,7 +382,7 @@ def test_bug_load_allowed_after_close_is_caught(monkeypatch):
 
     monkeypatch.setattr(RunnerClient, "_real_start", RunnerClient._start_locked, raising=False)
     monkeypatch.setattr(RunnerClient, "_start_locked", no_closed_check)
-    c2 = RunnerClient("fake-a", engine="fake", load_timeout=30)
+    c2 = RunnerClient("fake-a", engine=FAKE_ENGINE, load_timeout=30)
     c2.close()
     c2._state = NEW
     try:
