@@ -20,7 +20,8 @@ def main(argv=None) -> int:
     s = sub.add_parser("serve", help="run the local server (loopback only)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=DEFAULT_PORT)
-    s.add_argument("--engine", choices=("real", "fake"), default="real")
+    s.add_argument("--engine", default="real",
+                   help="the runners' engine: real, or MODULE:FACTORY (python -m impl.runner --help)")
     s.add_argument("--budget-bytes", type=int, default=None, help="prefix-cache budget per runner")
     s.add_argument("--device-bytes", type=int, default=None, help="override the device memory figure")
     s.add_argument("--max-prompt-tokens", type=int, default=32768)

@@ -27,7 +27,7 @@ from urllib.parse import urlencode
 import psutil
 
 from impl.platform import preload_env
-from spec.scheduler import CLOSED, LOADED, LOADING, NEW, client_transition
+from spec.scheduler import LOADING, NEW, client_transition
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 

@@ -14,7 +14,8 @@
 - A runner that died is dropped (and reaped); the request that saw it fails with
   ``RunnerDied``, and the next request loads a fresh runner.
 
-Memory figures, the size estimate and the runner factory are injectable for tests.
+Memory figures, the size estimate and the runner factory are injectable for tests (a runner
+without a process: tests/support/in_process_runner.py).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from impl.client import ClientClosed, RunnerClient, RunnerDied, RunnerError
-from spec.scheduler import fit_available, fit_decision
+from spec.scheduler import fit_decision
 
 
 class SchedulerError(Exception):
@@ -71,26 +72,13 @@ def runner_bytes(mem: dict) -> int:
     return int(mem.get("rss", 0) or 0)
 
 
-def _models_hook(*names: str) -> Optional[Callable]:
-    try:
-        from impl import models
-    except Exception:
-        return None
-    for n in names:
-        fn = getattr(models, n, None)
-        if callable(fn):
-            return fn
-    return None
-
-
 def default_required_bytes(name: str) -> int:
-    """Estimated bytes to load ``name``, from impl.models when it offers an estimate; 0 if not
-    (the load is then checked with what the runner reports once loaded, learned for next time)."""
-    fn = _models_hook("estimate_bytes", "required_bytes", "weight_bytes")
-    if fn is None:
-        return 0
+    """Estimated bytes to load ``name`` (``impl.models.estimate_bytes``); 0 when it cannot be
+    estimated here (the load is then checked with what the runner reports once loaded, learned
+    for next time). An unknown name raises KeyError."""
     try:
-        return int(fn(name))
+        from impl.models import estimate_bytes
+        return int(estimate_bytes(name))
     except KeyError:
         raise
     except Exception:
@@ -98,23 +86,9 @@ def default_required_bytes(name: str) -> int:
 
 
 def default_known_model(name: str) -> bool:
-    try:
-        from impl import models
-        names = getattr(models, "MODEL_NAMES", None)
-    except Exception:
-        names = None
-    if names is not None:
-        return name in names
-    fn = _models_hook("is_known", "known")
-    if fn is not None:
-        return bool(fn(name))
-    lst = _models_hook("list_models", "available", "names")
-    if lst is not None:
-        try:
-            return name in set(lst())
-        except Exception:
-            return True
-    return True
+    """Whether ``name`` is one of ``impl.models.MODEL_NAMES``."""
+    from impl.models import MODEL_NAMES
+    return name in MODEL_NAMES
 
 
 @dataclass
@@ -156,10 +130,15 @@ class Scheduler:
             def runner_factory(name: str):
                 return RunnerClient(name, engine=engine, runner_args=runner_args,
                                     budget_bytes=budget_bytes, load_timeout=load_timeout)
+        if engine != "real":
+            # An engine from a factory (impl/runner.py --engine MODULE:FACTORY) is not one of
+            # impl.models: any name is a model, and its size is learned at load.
+            if known_model is None:
+                known_model = lambda _n: True
+            if required_bytes is default_required_bytes:
+                required_bytes = lambda _n: 0
         if known_model is None:
-            known_model = (lambda _n: True) if engine == "fake" else default_known_model
-        if engine == "fake" and required_bytes is default_required_bytes:
-            required_bytes = lambda _n: 0     # fake runners hold no real model: learn their size at load
+            known_model = default_known_model
         self.factory = runner_factory
         self.device_total = device_total
         self.system_free = system_free
@@ -404,73 +383,3 @@ class Scheduler:
         """[(name, idle, last_used, bytes)] of the table, for tests and listings."""
         with self._cv:
             return [(e.name, e.refs == 0, e.last_used, e.memory) for e in self._entries.values()]
-
-
-class InProcessRunner:
-    """A runner without a process, for scheduler tests and the state machine: same surface as
-    RunnerClient (load/close/alive/generate/memory/trie/pid/state) and the same R1 life cycle
-    (spec.scheduler.client_transition), with ``kill()`` standing in for a runner that dies."""
-
-    _next_pid = 10_000
-    _pid_lock = threading.Lock()
-
-    def __init__(self, model: str, weight_bytes: int = 1 << 20):
-        from spec.scheduler import NEW
-        self.model = model
-        self.weight_bytes = weight_bytes
-        self._lock = threading.Lock()
-        self._closed = False
-        self._state = NEW
-        self._running = False
-        self.pid: Optional[int] = None
-        self.requests = 0
-
-    @property
-    def state(self) -> str:
-        return self._state
-
-    def load(self) -> dict:
-        from spec.scheduler import client_transition
-        with self._lock:
-            if self._closed:
-                raise ClientClosed(f"R1: client for {self.model!r} is closed; refusing to start a runner")
-            self._state = client_transition(self._state, "load")
-            with InProcessRunner._pid_lock:
-                InProcessRunner._next_pid += 1
-                self.pid = InProcessRunner._next_pid
-            self._running = True
-            self._state = client_transition(self._state, "ready")
-        return {"event": "ready", "memory": self.memory()}
-
-    def close(self) -> None:
-        from spec.scheduler import client_transition
-        with self._lock:
-            self._closed = True
-            self._running = False          # "killed and reaped" at once
-            self._state = client_transition(self._state, "close", process_reaped=True)
-
-    def kill(self) -> None:
-        self._running = False
-
-    def alive(self) -> bool:
-        return self._running
-
-    def memory(self) -> dict:
-        if not self._running:
-            raise RunnerDied(f"runner for model {self.model!r} (pid {self.pid}) was killed")
-        return {"weights": self.weight_bytes, "live_caches": 0, "paged_out": 0}
-
-    def generate(self, prompt, max_tokens=1, media=(), on_token=None, cancel=None) -> dict:
-        if self._closed:
-            raise ClientClosed(f"client for {self.model!r} is closed")
-        if not self._running:
-            raise RunnerDied(f"runner for model {self.model!r} (pid {self.pid}) was killed")
-        self.requests += 1
-        toks = list(range(max_tokens))
-        for t in toks:
-            if on_token is not None:
-                on_token({"token": t, "text": ""})
-        return {"done": True, "tokens": toks, "text": "", "stats": {"total": len(prompt)}}
-
-    def trie(self, fmt: str = "text"):
-        return "(in-process runner)" if fmt == "text" else {}

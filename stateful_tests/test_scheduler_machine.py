@@ -15,8 +15,9 @@ import itertools
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from impl.scheduler import InProcessRunner, ModelTooLarge, Scheduler
+from impl.scheduler import ModelTooLarge, Scheduler
 from spec.scheduler import CLOSED, fit_decision, overcommits
+from tests.support.in_process_runner import InProcessRunner
 
 SIZES = {"a": 3, "b": 4, "c": 5, "d": 8, "huge": 30}
 

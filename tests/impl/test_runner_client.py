@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import impl.client as client_mod
 from impl.client import ClientClosed, RunnerClient, RunnerDied, RunnerError, runner_processes
 from spec.scheduler import IllegalTransition, client_transition, no_orphan_after_close
+from tests.support.fake_engine import FAKE_ENGINE
 
 pytestmark = pytest.mark.usefixtures("bounded_and_clean")
 
@@ -37,7 +38,7 @@ def reaped(pid: int) -> bool:
 
 def fake_client(*args, **kw) -> RunnerClient:
     kw.setdefault("load_timeout", 30)
-    return RunnerClient("fake-a", engine="fake", runner_args=list(args), **kw)
+    return RunnerClient("fake-a", engine=FAKE_ENGINE, runner_args=list(args), **kw)
 
 
 def test_close_kills_a_runner_that_ignores_signals_and_reaps_it():

@@ -18,6 +18,7 @@ import pytest
 from impl.client import RunnerClient, RunnerDied, RunnerError, runner_processes
 from impl.scheduler import ModelTooLarge, NotLoaded, Scheduler, SchedulerBusy, UnknownModel
 from spec.scheduler import fit_available, fit_decision, overcommits
+from tests.support.fake_engine import FAKE_ENGINE
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -33,7 +34,7 @@ class Figures:
 def make(fig: Figures, sizes: dict, *extra, **kw):
     """A scheduler whose runners report ``sizes[name]`` bytes of weights."""
     def factory(name):
-        return RunnerClient(name, engine="fake", load_timeout=30, grace=0.5,
+        return RunnerClient(name, engine=FAKE_ENGINE, load_timeout=30, grace=0.5,
                             runner_args=["--fake-weight-bytes", str(sizes.get(name, MiB))] + list(extra))
     kw.setdefault("wait_timeout", 20)
     return Scheduler(factory, device_total=lambda: fig.device, system_free=lambda: fig.system,
@@ -250,7 +251,7 @@ def test_runner_that_died_while_idle_is_replaced(sched):
 
 def test_failed_load_leaves_nothing_and_can_be_retried(sched):
     def factory(name):
-        return RunnerClient(name, engine="fake", load_timeout=30,
+        return RunnerClient(name, engine=FAKE_ENGINE, load_timeout=30,
                             runner_args=["--fake-fail-load"] if name == "bad" else [])
     s = Scheduler(factory, device_total=lambda: 10 * GiB, system_free=lambda: 10 * GiB,
                   required_bytes=lambda n: MiB, known_model=lambda n: True)

@@ -20,6 +20,7 @@ from impl.chat import chat
 from impl.client import RunnerClient, runner_env, runner_processes
 from impl.scheduler import Scheduler
 from impl.server import make_server
+from tests.support.fake_engine import FAKE_ENGINE
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -49,7 +50,7 @@ def server():
     sizes = {"a": 2 * MiB, "b": 3 * MiB}
 
     def factory(name):
-        return RunnerClient(name, engine="fake", load_timeout=30,
+        return RunnerClient(name, engine=FAKE_ENGINE, load_timeout=30,
                             runner_args=["--fake-weight-bytes", str(sizes[name]), "--fake-token-delay", "0.02"])
     sched = Scheduler(factory, device_total=lambda: 10 * GiB, system_free=lambda: 10 * GiB,
                       required_bytes=lambda n: sizes[n], known_model=lambda n: n in sizes)
@@ -194,7 +195,7 @@ def test_cli_serve_refuses_other_hosts_and_shuts_down_cleanly():
     r = subprocess.run([sys.executable, "-m", "impl", "serve", "--host", "0.0.0.0", "--port", "0"],
                        capture_output=True, text=True, env=env, timeout=30)
     assert r.returncode == 2 and "loopback" in r.stderr
-    p = subprocess.Popen([sys.executable, "-m", "impl", "serve", "--engine", "fake", "--port", "0"],
+    p = subprocess.Popen([sys.executable, "-m", "impl", "serve", "--engine", FAKE_ENGINE, "--port", "0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     try:
         line = p.stdout.readline()
