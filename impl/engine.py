@@ -18,14 +18,14 @@ Invariants kept here:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from impl.caches.factory import forward
-from impl.media import TOKEN_LIMIT, BadRequest, Media, check_media, prompt_keys, spans as noncausal
+from impl.media import BadRequest, check_media, prompt_keys, spans as noncausal
 from impl.memory import mlx_memory
 from impl.prefix_cache import PrefixCache, Stats
 
@@ -84,7 +84,6 @@ class Result:
     total_s: float = 0.0
     forward_s: float = 0.0
     bookkeeping_s: float = 0.0
-    timings: dict = field(default_factory=dict)
 
 
 class Engine:

@@ -5,7 +5,7 @@ Invariants:
   builds, layer by layer: KVCache -> KVCache, RotatingKVCache(max_size=W, keep=0) ->
   WindowedCache(W), ArraysCache(n) -> RecurrentCache(n), None -> None (stateless). Any other kind is
   refused with a CacheError naming it, never approximated.
-- ``forward(model, inputs, caches, n)`` is the only place a forward happens for the Engine: it
+- ``forward(model, tokens, caches, n)`` is the only place a forward happens for the Engine: it
   refuses a forward that would cross a whole-state capture strictly inside it (the caller must cut
   there), calls the model once, then ``finish_forward(n)`` on every cache, so all layers rest at
   one offset afterwards (T3).
@@ -13,7 +13,6 @@ Invariants:
 
 from __future__ import annotations
 
-import inspect
 from typing import Optional, Sequence
 
 import mlx.core as mx
@@ -49,32 +48,15 @@ def layer_kinds(caches: Sequence[Optional[LayerCache]]) -> list[Optional[str]]:
     return [None if c is None else c.kind for c in caches]
 
 
-def _accepts_embeddings(model) -> bool:
-    try:
-        return "input_embeddings" in inspect.signature(model.__call__).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def forward(model, tokens_or_embeddings, caches: Sequence[Optional[LayerCache]], n: Optional[int] = None):
+def forward(model, tokens, caches: Sequence[Optional[LayerCache]], n: Optional[int] = None):
     """Run one model forward over n positions and finish it on every cache; returns the logits.
 
-    ``tokens_or_embeddings``: token ids (list, [n] or [1, n] integer array) or input embeddings
-    ([1, n, hidden] or [n, hidden] floating array, for architectures whose forward takes
-    ``input_embeddings=``).
+    ``tokens``: token ids (list, [n] or [1, n] integer array).
     """
-    x = tokens_or_embeddings
-    if not isinstance(x, mx.array):
-        x = mx.array(x)
-    embeddings = mx.issubdtype(x.dtype, mx.floating)
-    if embeddings:
-        if x.ndim == 2:
-            x = x[None]
-        length = x.shape[1]
-    else:
-        if x.ndim == 1:
-            x = x[None]
-        length = x.shape[1]
+    x = tokens if isinstance(tokens, mx.array) else mx.array(tokens)
+    if x.ndim == 1:
+        x = x[None]
+    length = x.shape[1]
     if n is None:
         n = length
     if n != length or n < 1:
@@ -87,12 +69,7 @@ def forward(model, tokens_or_embeddings, caches: Sequence[Optional[LayerCache]],
                     f"capture offset {inside[0]} is strictly inside this forward [{c.offset},{c.offset + n}) "
                     f"for the {c.kind} layer {c.layer}: cut the forward there"
                 )
-    if embeddings:
-        if not _accepts_embeddings(model):
-            raise CacheError(f"{type(model).__module__} does not take input_embeddings")
-        logits = model(None, cache=list(caches), input_embeddings=x)
-    else:
-        logits = model(x, cache=list(caches))
+    logits = model(x, cache=list(caches))
     for c in caches:
         if c is not None:
             c.finish_forward(n)

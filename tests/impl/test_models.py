@@ -101,22 +101,6 @@ def test_smollm2_answers_paris(smollm2):
     assert mlx_memory()["cache"] >= 0
 
 
-@pytest.mark.parametrize("name", ["gemma3", pytest.param("smollm2", marks=pytest.mark.slow)])
-def test_input_embeddings_equal_token_forward(name, models):
-    lm = models[name]
-    toks = mx.array([5, 17, 300, 4000, 9, 11])
-    a = forward(lm.model, toks, make_layer_caches(lm.model))
-    emb = lm.model.model.embed_tokens(toks)
-    b = forward(lm.model, emb, make_layer_caches(lm.model))
-    assert mx.array_equal(a, b)
-
-
-def test_embeddings_refused_where_unsupported():
-    lm = load("mamba2")
-    with pytest.raises(CacheError, match="input_embeddings"):
-        forward(lm.model, mx.zeros((3, 64)), make_layer_caches(lm.model))
-
-
 @pytest.mark.parametrize("name", ["qwen3next", "gemma3", "mamba2"])
 def test_forward_refuses_whole_state_capture_inside(name):
     lm = load(name)
