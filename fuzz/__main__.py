@@ -72,7 +72,7 @@ def main_replay(argv) -> int:
     p.add_argument("cases", nargs="+", type=Path)
     p.add_argument("-v", "--verbose", action="store_true", help="one line per operation")
     args = p.parse_args(argv)
-    from .campaign import run_case
+    from .cases import run_case
 
     bad = 0
     for path in args.cases:

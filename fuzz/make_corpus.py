@@ -14,7 +14,7 @@ from pathlib import Path
 from impl.engine import Engine
 from impl.models import load
 
-from .campaign import make_case
+from .cases import make_case
 
 CORPUS = Path(__file__).parent / "corpus"
 ENGINE = {"budget": 1 << 40, "budget_spec": str(1 << 40), "chunk_size": 16, "capture_interval": 32, "near_end": 4}

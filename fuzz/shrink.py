@@ -1,6 +1,6 @@
 """Delta debugging over a failing case's operation list.
 
-Every trial replays a subset of the operations, in order, on a fresh engine (fuzz.campaign.run_ops)
+Every trial replays a subset of the operations, in order, on a fresh engine (fuzz.cases.run_ops)
 with every oracle on; a subset "still fails" when it fails with the same signature (the rule ids or
 oracle name, e.g. "rule:S3" or "C1-logits"). Operations are concrete, so any subset is a valid case.
 The result is 1-minimal when the time bound allows (Zeller's ddmin: try removing each of n chunks,
@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from .cases import run_ops
 from .oracle import ColdOracle, Failure
 
 
@@ -22,8 +23,6 @@ class Shrunk:
 
 def shrink(loaded, settings: dict, ops: list, signature: str, seconds: float, oracle: ColdOracle | None = None):
     """Returns (Shrunk, trials)."""
-    from .campaign import run_ops
-
     oracle = oracle or ColdOracle()
     deadline = time.perf_counter() + seconds
     trials = 0
