@@ -151,7 +151,7 @@ def test_oracle_sees_a_split_item(name, models):
 
 # ------------------------------------------------------------------- the historical media bug
 def historical(monkeypatch):
-    """Seed paragraph 2, before the fix: prefill still never ends a chunk inside a non-causal item
+    """The historical media bug: prefill still never ends a chunk inside a non-causal item
     (the Engine's chunk extension), but the prefix cache did not move captures (M2) nor resumes (M3)
     off items."""
     real_inside = prefix_cache._inside

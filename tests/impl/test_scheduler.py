@@ -291,8 +291,8 @@ def test_close_during_load_leaves_no_runner():
 
 
 def test_close_to_next_load_gap_is_small(sched):
-    """Time from the evicted runner's close returning to the next load starting (reported in
-    the issue): the scheduler adds only its own bookkeeping."""
+    """Time from the evicted runner's close returning to the next load starting: the scheduler
+    adds only its own bookkeeping."""
     fig = Figures(device=6 * GiB, system=6 * GiB)
     s = sched(fig, {"a": 4 * GiB, "b": 4 * GiB})
     gaps = []

@@ -1,4 +1,4 @@
-"""Helpers for the spec's own tests (issue 2): the driver convention, a
+"""Helpers for the spec's own tests: the driver convention, a
 readable dump of the trie. (A uniquely named module, not conftest.py: the
 suite has several conftest.py files and `from conftest import` would pick
 whichever was imported first.) (The optional `crosshair` Hypothesis profile is

@@ -3,7 +3,7 @@
 CrossHair proves a `post:` only for inputs that satisfy the `pre:` lines
 (tests/spec/test_crosshair.py). A precondition stronger than what the callers
 guarantee would hide a real bug; one weaker than they guarantee lets CrossHair
-report counterexamples no request can produce (issue 18: `schedule(3, 0, 1,
+report counterexamples no request can produce (as it did: `schedule(3, 0, 1,
 [(0, 2)], 0, 3)`, a branch point strictly inside a non-causal span, which
 `begin` never passes because it floors the match first, M3). This test wraps
 each contracted function of spec.cache and spec.media, runs random request

@@ -10,7 +10,7 @@ PER_CONDITION CPU seconds as a cap and PER_PATH for one path; WALL_TIMEOUT
 kills a run on a badly overloaded machine. A failure lists each
 counterexample as CrossHair reports it (the call and what it returned).
 
-The flake this budget pins down (issue 18): `schedule` lacked the
+The flake this budget pins down: `schedule` once lacked the
 precondition that `matched` is not strictly inside a non-causal span, and
 CrossHair found `schedule(3, 0, 1, [(0, 2)], 0, 3)` in about 1 run in 3,
 depending on how much of its time budget the load left it. `begin` floors the

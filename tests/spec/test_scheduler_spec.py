@@ -219,7 +219,7 @@ def test_r1_historical_bug_load_outside_the_lock_is_caught():
 # ------------------------------------------------------------- historical bugs, on the impl
 
 def test_bug_fit_check_without_the_system_bound_is_caught(monkeypatch):
-    """Seed paragraph 5: the fit check ignored system free memory while other models were
+    """Historical bug: the fit check ignored system free memory while other models were
     loaded. Reintroduced in the impl's scheduler, the spec oracle flags the overcommit."""
     import impl.scheduler as IS
 
@@ -274,7 +274,7 @@ def r1_close_check(client) -> list:
 
 
 def test_bug_close_returning_before_reap_is_caught(monkeypatch):
-    """Seed paragraph 6: close signalled, waited a grace period, sent SIGKILL and returned
+    """Historical bug: close signalled, waited a grace period, sent SIGKILL and returned
     without waiting, so the next load overlapped a dying runner."""
     import json
 
@@ -318,7 +318,7 @@ def test_bug_close_returning_before_reap_is_caught(monkeypatch):
 
 
 def test_bug_load_not_under_the_lock_is_caught(monkeypatch):
-    """Seed paragraph 6: load started and recorded the process without the client's lock, so
+    """Historical bug: load started and recorded the process without the client's lock, so
     a close racing it found nothing to stop. Forced interleaving: load checks 'closed', close
     runs to completion, then load spawns - the runner outlives close."""
     from impl.client import ClientClosed, RunnerClient
