@@ -15,6 +15,10 @@ Invariants kept here (REFERENCE.md rule ids):
   whose message starts with "G1:". Nothing is ever concatenated silently.
 - Bad input (negative offsets, a snapshot of another kind or layer, a closed snapshot) raises
   ``CacheError``; an unreachable restore target returns False and leaves the cache unchanged.
+- Ownership: a snapshot has one owner, the caller it was returned to (``snapshot``,
+  ``take_captures``, ``merge``, ``split``). ``merge`` and ``split`` consume their inputs; ``restore``
+  and ``can_restore`` only read theirs; the owner ends a snapshot with ``close()``. Each method of
+  ``LayerCache`` and ``Snapshot`` below states its part in one line.
 - Every cache supports ``finish_forward(n)`` (called after each model forward of n tokens) and an
   ``attention_spans`` list of absolute [start, end) ranges of non-causal media items in the current
   forward (M1), which attention caches honour in ``make_mask``.
@@ -66,10 +70,12 @@ class Snapshot:
 
     @property
     def size(self) -> int:
+        """Bytes this snapshot owns now (A1); 0 for a lazy KV view until it materialises."""
         raise NotImplementedError
 
     @property
     def lazy(self) -> bool:
+        """True while this is a view into its issuing cache's live buffer (KV only; owns no array)."""
         return False
 
     @property
@@ -77,6 +83,7 @@ class Snapshot:
         return self._closed
 
     def close(self) -> None:
+        """The owner's once-only release (A2): drops owned arrays, detaches a lazy view, counts down."""
         global _live
         if self._closed:
             raise CacheError(f"A2: {self!r} closed twice")
@@ -113,12 +120,15 @@ class LayerCache:
 
     # --- snapshot protocol -------------------------------------------------------------------
     def snapshot(self, start: int) -> Optional[Snapshot]:
+        """A new snapshot of the live state [start, offset), owned by the caller; None if nothing to hold."""
         raise NotImplementedError
 
     def prepare_captures(self, offsets) -> None:
+        """Schedule captures at offsets not yet passed; the cache holds them until take_captures."""
         raise NotImplementedError
 
     def take_captures(self) -> list:
+        """Hand each scheduled capture (None where not reached) to the caller, who owns it now."""
         raise NotImplementedError
 
     def captures_inside(self, n: int) -> list[int]:
@@ -127,21 +137,27 @@ class LayerCache:
         return []
 
     def can_restore(self, snap: Optional[Snapshot], target: int) -> bool:
+        """Whether restore(snap, target) would succeed (False: target unreachable); changes nothing."""
         raise NotImplementedError
 
     def restore(self, snap: Optional[Snapshot], target: int) -> bool:
+        """Live state := the state at target (snap None: rewind); False: unchanged; caller keeps snap."""
         raise NotImplementedError
 
     def merge(self, a: Optional[Snapshot], b: Optional[Snapshot]) -> Optional[Snapshot]:
+        """Consumes a and b (each is closed or becomes the result); the caller owns the result."""
         raise NotImplementedError
 
     def split(self, snap: Optional[Snapshot], at: int):
+        """Consumes snap (closed, or kept as the tail); returns (head, tail), both the caller's."""
         raise NotImplementedError
 
     def free(self) -> None:
+        """Drops the live state and closes captures not taken; snapshots handed out stay valid."""
         raise NotImplementedError
 
     def finish_forward(self, n_tokens: int) -> None:
+        """After each forward of n tokens: T3 CacheError on another count; whole-state kinds capture here."""
         raise NotImplementedError
 
     # --- shared argument checks --------------------------------------------------------------
