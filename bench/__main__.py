@@ -4,8 +4,7 @@ Workloads (bench/workloads.py) x models (SmolLM2-135M, pure attention; qwen3next
 x budgets (ample, tight), all caches in lockstep in one process (bench/suite.py). Prints the table and
 writes docs/benchmarks.md and a PNG chart.
 
-Run: LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 .venv/bin/python -m bench
-     [--models smollm2,qwen3next] [--workloads chat,branching,agent] [--scale full|quick]
+Run: ./dev bench [--models smollm2,qwen3next] [--workloads chat,branching,agent] [--scale full|quick]
      [--out docs/benchmarks.md] [--png docs/benchmarks.png] [--lazy-steps 20]
 """
 
@@ -18,6 +17,8 @@ import shlex
 import sys
 import time
 from pathlib import Path
+
+from impl.platform import OPENBLAS
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "<!-- analysis: kept across reruns -->"
@@ -105,7 +106,7 @@ def main(argv=None) -> list:
     print("\n".join(checks))
     print(f"\n{elapsed:.0f} s")
 
-    command = ("LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 .venv/bin/python -m bench"
+    command = (f"LD_PRELOAD={OPENBLAS} .venv/bin/python -m bench"
                + ("" if not (argv or sys.argv[1:]) else " " + " ".join(map(shlex.quote, argv or sys.argv[1:]))))
     png_note = ""
     if args.png:

@@ -8,8 +8,7 @@ with / without the cache, time to first token with / without, and the share of t
 the prefix cache's bookkeeping (Result.bookkeeping_s / Result.total_s); then the median TTFT ratio
 cached / uncached and the bookkeeping share (median, max).
 
-Run: LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \
-     .venv/bin/python -m bench.engine_turns [--models smollm2,qwen3next] [--turns 10] [--max-tokens 16]
+Run: ./dev python -m bench.engine_turns [--models smollm2,qwen3next] [--turns 10] [--max-tokens 16]
 """
 from __future__ import annotations
 

@@ -13,8 +13,7 @@ The two runs are sequential in one process (the MLX active figure of each includ
 that engine's live caches and snapshots only). Also measured: trie bookkeeping time per request
 (``Result.bookkeeping_s``, median) on a conversation grown to ~1,000 tokens.
 
-Run: LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \\
-     .venv/bin/python -m bench.fifty_turns [--model qwen3next] [--turns 50] [--budget-checkpoints 8]
+Run: ./dev python -m bench.fifty_turns [--model qwen3next] [--turns 50] [--budget-checkpoints 8]
      [--out docs/fifty_turns.md]
 """
 
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from impl.platform import OPENBLAS
 from impl.prefix_cache import PrefixCache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,8 +237,8 @@ def main(argv=None) -> dict:
         bks.append(b)
     elapsed = time.perf_counter() - t0
     given = argv if argv is not None else sys.argv[1:]
-    command = ("LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 .venv/bin/python -m "
-               "bench.fifty_turns" + ("" if not given else " " + " ".join(map(shlex.quote, given))))
+    command = (f"LD_PRELOAD={OPENBLAS} .venv/bin/python -m bench.fifty_turns"
+               + ("" if not given else " " + " ".join(map(shlex.quote, given))))
     md = markdown(res, bks, command, started, elapsed)
     print(md)
     if args.out:

@@ -5,8 +5,7 @@ every view ends at or below the write position, so a decode step with 50 outstan
 must cost the same as one with none (ratio <= 1.05). Two cache sets with identical contents are
 stepped alternately, in alternating order (so drift in machine load hits both), and the median step times are compared.
 
-Run: LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \
-     .venv/bin/python -m bench.lazy_views [--steps 40] [--views 50] [--prompt 256]
+Run: ./dev python -m bench.lazy_views [--steps 40] [--views 50] [--prompt 256]
 """
 
 from __future__ import annotations
