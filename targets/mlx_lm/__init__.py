@@ -1,0 +1,20 @@
+"""The mlx-lm target: `mlx_lm.models.cache.LRUPromptCache` driven exactly as `mlx_lm.server` drives it.
+
+Checked against mlx-lm >= 0.32.2, < 0.33 (pyproject pins the floor; findings record the version they
+were found on). mlx-lm is imported, never copied: the adapter calls the server's own cache class, its
+own `BatchGenerator` and its own `make_prompt_cache`, in the order `ResponseGenerator._generate` does.
+
+Modules:
+  models    small fixed-seed models of four mlx-lm architectures, built in memory; which server path
+            (batched / sequential) each takes, by the server's own test
+  adapter   ServerDriver (the server's call sequence per request) and MlxLmTarget (the target
+            interface of targets/base.py, and the read-only view of the cache)
+  rules     which rules apply (RULES, NOT_APPLICABLE), the C1 oracle, C2, E1, E3, A1, and the mlx-lm
+            function each violation is attributed to
+  machine   the Hypothesis machine, the search for distinct violations, programs and their replay
+  export    a finding as a standalone script using mlx-lm's public API only
+  report    the report (rule violations and policy differences kept apart)
+"""
+
+MLX_LM_RANGE = ">=0.32.2,<0.33"
+PINNED = "0.32.2"

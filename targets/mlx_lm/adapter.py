@@ -1,0 +1,204 @@
+"""Drive mlx-lm's server prompt cache exactly as `mlx_lm.server` (0.32.x) does, one request at a time.
+
+The call sequence per request is ResponseGenerator._generate's batched branch (the path every model of
+targets.mlx_lm.models takes; see models.server_path):
+
+  1. `cache, rest = prompt_cache.fetch_nearest_cache(model_key, prompt)`; the cached count
+     N = len(prompt) - len(rest) is cut off the front of the request's segments as the server does;
+  2. `batch_generator.insert_segments(segments=[segments], max_tokens, caches=[cache],
+     all_tokens=[prompt[:N]], samplers=[...])`; when --prompt-cache-bytes is set,
+     `prompt_cache.trim_to(n_bytes=total - batch_generator.prompt_cache_nbytes)`;
+  3. `batch_generator.next()` until the request finishes; at each end of segment that is not the end of
+     the prompt, `extract_cache` and `insert_cache(model_key, cache_key[:], cache,
+     cache_type=<the segment's type>)`; at the finish, `insert_cache(model_key, all_tokens[:],
+     prompt_cache, cache_type="assistant")`.
+
+The cache is built as `server.run` builds it: `LRUPromptCache(prompt_cache_size)` -- the byte limit is
+NOT passed to it (that is what the code does, whatever --help says). Segments come from
+ResponseGenerator._tokenize's rules: a text completion is one "assistant" segment; a chat request
+whose last message is the user's has a "system" segment (the system prompt, when there is one) and a
+"user" segment (no thinking tail: the models have no think tokens).
+
+Invariants:
+- mlx-lm's objects are only called, never patched; the driver reads the cache's trie to list its
+  entries (read-only) for the view and the checker.
+- Generated tokens are forced by a sampler (the program chooses them); the logprobs the server
+  computes are what the C1 oracle compares with a cold prefill.
+- A request whose `insert_segments` raises is recorded as a crash: in the server the generation thread
+  dies there (ResponseGenerator._run_generate), so the driver serves nothing after it.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from targets.mlx_lm import models
+
+MODEL_KEY = ("default_model", None, None)     # the shape of ModelProvider.model_key
+
+
+def segments_for(prompt: list, chat: bool, sys_len: int):
+    """ResponseGenerator._tokenize's segments for a prompt (no thinking tail)."""
+    if not chat:
+        return [list(prompt)], ["assistant"]
+    segments, types = [], []
+    sys_end = sys_len if 0 < sys_len < len(prompt) else 0
+    if sys_end:
+        segments.append(list(prompt[:sys_end]))
+        types.append("system")
+    segments.append(list(prompt[sys_end:]))
+    types.append("user")
+    return segments, types
+
+
+@dataclass
+class Entry:
+    key: tuple
+    cache_type: str
+    nbytes: int            # what the cache recorded at insert (CacheEntry.nbytes)
+    held: int              # sum of its layer caches' nbytes now
+    trimmable: bool        # mlx-lm's can_trim_prompt_cache on the stored caches
+    offsets: tuple
+
+
+@dataclass
+class Result:
+    prompt: tuple
+    count: int                       # tokens the fetched cache covered
+    served: tuple | None             # key of the entry the fetch used (None: miss)
+    branch: str                      # exact | longer | shorter | miss
+    logprobs: list = field(default_factory=list)   # the server's logprobs, one per generated token
+    fetched: list | None = None      # a copy of the fetched caches (for the direct C1 check)
+    crash: str | None = None
+
+
+class ServerDriver:
+    """One LRUPromptCache and one BatchGenerator; `request` serves one request as the server does.
+    `observer` (rules.Checker) is told before/after every call that changes the cache."""
+
+    def __init__(self, model_name: str, prompt_cache_size: int = 10, prompt_cache_bytes: int | None = None,
+                 lru_class=None, observer=None):
+        from mlx_lm.generate import BatchGenerator
+        from mlx_lm.models.cache import LRUPromptCache
+        self.model_name = model_name
+        self.model = models.build(model_name)
+        self.prompt_cache_size = prompt_cache_size
+        self.prompt_cache_bytes = prompt_cache_bytes
+        self.lru = (lru_class or LRUPromptCache)(prompt_cache_size)      # server.run
+        # server defaults: --decode-concurrency 32, --prompt-concurrency 8, --prefill-step-size 2048
+        self.bg = BatchGenerator(self.model, completion_batch_size=32, prefill_batch_size=8,
+                                 prefill_step_size=2048)
+        self.observer = observer
+        self.calls: list = []            # ("fetch", prompt) | ("insert", key, type) | ("trim_to", n)
+        self.dead = False
+
+    # ---------------------------------------------------------------- reading the cache
+    def entries(self) -> dict:
+        """key -> Entry for every entry the cache holds (walks its trie, read-only)."""
+        from mlx_lm.models.cache import can_trim_prompt_cache
+        out = {}
+        root = self.lru._trie._trie.get(MODEL_KEY)
+        stack = [((), root)] if root is not None else []
+        while stack:
+            keys, node = stack.pop()
+            for tok, child in node.items():
+                if tok == "__value__":
+                    e = child
+                    out[keys] = Entry(keys, e.cache_type, e.nbytes, sum(c.nbytes for c in e.prompt_cache),
+                                      can_trim_prompt_cache(e.prompt_cache),
+                                      tuple(_offset(c) for c in e.prompt_cache))
+                else:
+                    stack.append((keys + (tok,), child))
+        return out
+
+    def _served(self, prompt: list):
+        """Which entry fetch_nearest_cache will use, from the trie's own search (read-only)."""
+        from mlx_lm.models.cache import can_trim_prompt_cache
+        r = self.lru._trie.search(MODEL_KEY, prompt)
+        if r.exact is not None:
+            return tuple(r.exact), "exact"
+        short = len(r.shorter) if r.shorter is not None else 0
+        if r.longer is not None and r.common_prefix > short:
+            if can_trim_prompt_cache(self.lru._trie.get(MODEL_KEY, r.longer).prompt_cache):
+                return tuple(r.longer), "longer"
+        if short > 0:
+            return tuple(r.shorter), "shorter"
+        return None, "miss"
+
+    # ---------------------------------------------------------------- the server's calls
+    def _insert(self, tokens, cache, cache_type):
+        self.calls.append(("insert", tuple(tokens), cache_type))
+        before = self.entries()
+        self.lru.insert_cache(MODEL_KEY, tokens, cache, cache_type=cache_type)
+        if self.observer:
+            self.observer.after_insert(self, before, tuple(tokens), cache_type)
+
+    def _trim_to(self, n_bytes):
+        self.calls.append(("trim_to", n_bytes))
+        before = self.entries()
+        self.lru.trim_to(n_bytes=n_bytes)
+        if self.observer:
+            self.observer.after_trim(self, before)
+
+    def request(self, prompt, gen, chat: bool = False, sys_len: int = 0) -> Result:
+        """Serve one request: `prompt` tokens, then the generated tokens `gen` (forced, >= 1)."""
+        assert gen, "a request generates at least one token (max_tokens > 0)"
+        prompt = list(prompt)
+        segments, types = segments_for(prompt, chat, sys_len)
+        if self.observer:
+            self.observer.before_fetch(self, prompt)
+        served, branch = self._served(prompt)
+        self.calls.append(("fetch", tuple(prompt)))
+        cache, rest = self.lru.fetch_nearest_cache(MODEL_KEY, prompt)
+        count = len(prompt) - len(rest)
+        res = Result(tuple(prompt), count, served, branch,
+                     fetched=None if cache is None else copy.deepcopy(cache))
+        if self.observer:
+            self.observer.after_fetch(self, res)
+        n = count                                       # the server's segment cut
+        while n > 0:
+            if n >= len(segments[0]):
+                n -= len(segments.pop(0))
+                types.pop(0)
+            else:
+                segments[0] = segments[0][n:]
+                break
+        forced = iter(list(gen))
+        sampler = lambda logprobs: mx.array([next(forced, 0)], dtype=mx.uint32)
+        try:
+            (uid,) = self.bg.insert_segments(segments=[segments], max_tokens=[len(gen)], caches=[cache],
+                                             all_tokens=[prompt[:count]], samplers=[sampler])
+        except Exception as e:            # the server's generation thread dies here
+            res.crash = f"{type(e).__name__}: {e}"
+            self.dead = True
+            if self.observer:
+                self.observer.after_request(self, res, gen)
+            return res
+        del cache
+        if self.prompt_cache_bytes is not None:
+            self._trim_to(self.prompt_cache_bytes - self.bg.prompt_cache_nbytes)
+        seg_types = types[::-1]
+        done = False
+        while not done:
+            prompt_responses, gen_responses = self.bg.next()
+            if not prompt_responses and not gen_responses:
+                raise RuntimeError("batch generator idle before the request finished")
+            eos = [r.uid for r in prompt_responses if r.end_of_segment and not r.end_of_prompt and seg_types]
+            for _, (c, cache_key) in self.bg.extract_cache(eos).items():
+                self._insert(cache_key[:], c, seg_types.pop())
+            for r in gen_responses:
+                res.logprobs.append(r.logprobs)
+                if r.finish_reason is not None:
+                    self._insert(r.all_tokens[:], r.prompt_cache, "assistant")
+                    done = True
+        if self.observer:
+            self.observer.after_request(self, res, gen)
+        return res
+
+
+def _offset(c) -> int:
+    if hasattr(c, "offset"):
+        return int(c.offset)
+    return -1                                          # ArraysCache: no offset of its own

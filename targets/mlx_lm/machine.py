@@ -1,0 +1,220 @@
+"""The Hypothesis machine over mlx-lm's server prompt cache, programs, replay and the search.
+
+A program is JSON: {"model", "prompt_cache_size", "prompt_cache_bytes", "ops": [[prompt, gen, chat,
+sys_len], ...]} -- each op one request served by adapter.ServerDriver. `replay(program)` runs it with
+every rule enabled and returns the findings.
+
+Invariants:
+- Prompts are drawn to share prefixes: a request extends or branches off a prefix of an earlier
+  sequence (prompt + generated tokens) or of nothing, over a 6-token alphabet; so exact hits, strict
+  prefixes, one-token entries and divergences inside entries are all reachable.
+- The machine fails on the first violation whose (rule, cause) is not in `known`; policy differences
+  never fail it. The failing run's program is kept in LAST (Hypothesis replays the shrunk example
+  last, so after a run LAST holds the shrunk program).
+- Nothing is served after a crash (the server's generation thread is dead).
+"""
+from __future__ import annotations
+
+import time
+
+from hypothesis import Phase, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
+
+from targets.mlx_lm.adapter import ServerDriver
+from targets.mlx_lm.rules import Checker
+
+ALPHABET = st.integers(1, 6)
+LAST: dict = {}
+STATS = {"steps": 0, "seconds": 0.0}
+
+
+def unit_bytes(model_name: str) -> int:
+    """Bytes of one 8-token entry on `model_name` (the scale of the byte limits drawn)."""
+    d = ServerDriver(model_name, prompt_cache_size=10)
+    d.request([1, 2, 3, 4, 5, 6, 1], [2])
+    return max(e.nbytes for e in d.entries().values())
+
+
+_units: dict = {}
+
+
+def make_machine(model_name: str, known=frozenset(), lru_class=None):
+    if model_name not in _units:
+        _units[model_name] = unit_bytes(model_name)
+    unit = _units[model_name]
+
+    class MlxLmServerMachine(RuleBasedStateMachine):
+        @initialize(size=st.sampled_from([2, 3, 10]), mult=st.sampled_from([None, 1, 2, 4]))
+        def setup(self, size, mult):
+            self.checker = Checker()
+            limit = None if mult is None else mult * unit
+            self.driver = ServerDriver(model_name, prompt_cache_size=size, prompt_cache_bytes=limit,
+                                       lru_class=lru_class, observer=self.checker)
+            self.program = {"model": model_name, "prompt_cache_size": size, "prompt_cache_bytes": limit,
+                            "ops": []}
+            self.seqs = [()]
+            self.t0 = time.perf_counter()
+
+        @rule(data=st.data())
+        def request(self, data):
+            if self.driver.dead:          # the server serves nothing after its thread died
+                return
+            base = data.draw(st.sampled_from(self.seqs), label="base")
+            cut = data.draw(st.integers(0, len(base)), label="cut")
+            suffix = data.draw(st.lists(ALPHABET, max_size=4), label="suffix")
+            prompt = list(base[:cut]) + suffix
+            if not prompt:
+                prompt = [data.draw(ALPHABET, label="first")]
+            gen = data.draw(st.lists(ALPHABET, min_size=1, max_size=3), label="gen")
+            chat = data.draw(st.booleans(), label="chat")
+            sys_len = data.draw(st.integers(0, 3), label="sys_len") if chat else 0
+            op = [prompt, gen, chat, sys_len]
+            self.program["ops"].append(op)
+            t = time.perf_counter()
+            self.driver.request(prompt, gen, chat=chat, sys_len=sys_len)
+            STATS["steps"] += 1
+            STATS["seconds"] += time.perf_counter() - t
+            self.seqs.append(tuple(prompt + gen))
+            new = [f for f in self.checker.violations() if (f.rule, f.cause) not in known]
+            if new:
+                f = new[0]
+                LAST.setdefault("first_at", time.perf_counter())
+                LAST.update(program=_copy(self.program), finding=f, at=time.perf_counter())
+                raise AssertionError(f"{f.rule} ({f.cause}) at request {f.step}: {f.message}")
+
+    MlxLmServerMachine.TestCase.settings = settings(deadline=None)
+    return MlxLmServerMachine
+
+
+def _copy(p):
+    return {**p, "ops": [list(map(lambda x: list(x) if isinstance(x, list) else x, op)) for op in p["ops"]]}
+
+
+def run_driver(program: dict, lru_class=None, checker=None):
+    checker = checker or Checker()
+    d = ServerDriver(program["model"], program["prompt_cache_size"], program["prompt_cache_bytes"],
+                     lru_class=lru_class, observer=checker)
+    for prompt, gen, chat, sys_len in program["ops"]:
+        if d.dead:
+            break
+        d.request(prompt, gen, chat=chat, sys_len=sys_len)
+    return d, checker
+
+
+def replay(program: dict, lru_class=None) -> list:
+    """Every finding (violations and policy differences) of a program, all rules enabled."""
+    return run_driver(program, lru_class)[1].findings
+
+
+def reproduces(finding: dict, lru_class=None) -> bool:
+    return any(f.kind == "violation" and (f.rule, f.cause) == (finding["rule"], finding["cause"])
+               for f in replay(finding["program"], lru_class))
+
+
+def hunt(model_name: str, known=frozenset(), hyp_settings=None, lru_class=None):
+    """One Hypothesis run from scratch, generation only (no example database); the first failing
+    program is then shrunk by `shrink`. (finding, shrunk program, time of the first failure) or None."""
+    LAST.clear()
+    cls = make_machine(model_name, known, lru_class)
+    s = hyp_settings or settings(max_examples=150, stateful_step_count=12)
+    s = settings(s, deadline=None, database=None, phases=[Phase.generate])
+    try:
+        run_state_machine_as_test(cls, settings=s)
+    except Exception:
+        if not LAST:
+            raise
+    if not LAST:
+        return None
+    f = LAST["finding"]
+    program = shrink(LAST["program"], f.rule, f.cause, lru_class)
+    return f, program, LAST["first_at"]
+
+
+def _fails(program, rule, cause, lru_class) -> bool:
+    try:
+        _, ch = run_driver(program, lru_class, Checker(enabled={rule}))
+    except Exception:
+        return False
+    return any(f.kind == "violation" and (f.rule, f.cause) == (rule, cause) for f in ch.findings)
+
+
+def shrink(program: dict, rule: str, cause: str, lru_class=None) -> dict:
+    """Greedy delta debugging until nothing smaller fails the same way: drop requests, drop prompt and
+    generated tokens, plain text instead of chat, smaller token values, and simpler cache flags."""
+    best = _copy(program)
+    ops = best["ops"]
+    if len(ops) and _fails({**best, "ops": ops[:_last_needed(best, rule, cause, lru_class)]}, rule, cause, lru_class):
+        best["ops"] = ops[:_last_needed(best, rule, cause, lru_class)]
+
+    def candidates(p):
+        for flag, values in (("prompt_cache_bytes", [None]), ("prompt_cache_size", [10])):
+            for v in values:
+                if p[flag] != v:
+                    yield {**p, flag: v}
+        ops = p["ops"]
+        for i in range(len(ops)):
+            yield {**p, "ops": ops[:i] + ops[i + 1:]}
+        for i, (prompt, gen, chat, sys_len) in enumerate(ops):
+            def put(op):
+                return {**p, "ops": ops[:i] + [op] + ops[i + 1:]}
+            if chat:
+                yield put([prompt, gen, False, 0])
+                if sys_len:
+                    yield put([prompt, gen, True, 0])
+            for j in range(len(prompt)):
+                if len(prompt) > 1:
+                    yield put([prompt[:j] + prompt[j + 1:], gen, chat, sys_len])
+            for j in range(len(gen)):
+                if len(gen) > 1:
+                    yield put([prompt, gen[:j] + gen[j + 1:], chat, sys_len])
+            for j, t in enumerate(prompt):
+                if t > 1:
+                    yield put([prompt[:j] + [1] + prompt[j + 1:], gen, chat, sys_len])
+            for j, t in enumerate(gen):
+                if t > 1:
+                    yield put([prompt, gen[:j] + [1] + gen[j + 1:], chat, sys_len])
+
+    improved = True
+    while improved:
+        improved = False
+        for c in candidates(best):
+            if _fails(c, rule, cause, lru_class):
+                best, improved = _copy(c), True
+                break
+    return best
+
+
+def _last_needed(program, rule, cause, lru_class) -> int:
+    """Requests up to and including the first failing one."""
+    _, ch = run_driver(program, lru_class, Checker(enabled={rule}))
+    steps = [f.step for f in ch.findings if f.kind == "violation" and (f.rule, f.cause) == (rule, cause)]
+    return (min(steps) + 1) if steps else len(program["ops"])
+
+
+def search(models, minutes: float, known=frozenset(), log=print, lru_class=None):
+    """Look for distinct (rule, cause) violations for `minutes`, model after model; every hunt
+    starts from scratch (no example database) and stops at its first new violation, shrunk.
+    A model is dropped after two hunts in a row find nothing new."""
+    found, start = [], time.perf_counter()
+    known = set(known)
+    idle = {m: 0 for m in models}
+    i = 0
+    while time.perf_counter() - start < minutes * 60 and any(v < 2 for v in idle.values()):
+        m = models[i % len(models)]
+        i += 1
+        if idle[m] >= 2:
+            continue
+        t = time.perf_counter()
+        got = hunt(m, frozenset(known), lru_class=lru_class)
+        if got is None:
+            idle[m] += 1
+            log(f"[{time.perf_counter() - start:6.1f}s] {m}: nothing new in {time.perf_counter() - t:.1f}s")
+            continue
+        idle[m] = 0
+        f, program, first_at = got
+        known.add((f.rule, f.cause))
+        found.append({"rule": f.rule, "cause": f.cause, "message": f.message, "model": m, "program": program,
+                      "steps": len(program["ops"]), "seconds_to_detect": round(first_at - start, 1),
+                      "hunt_seconds": round(time.perf_counter() - t, 1)})
+        log(f"[{time.perf_counter() - start:6.1f}s] {m}: {f.rule} ({f.cause}) in {len(program['ops'])} steps")
+    return found

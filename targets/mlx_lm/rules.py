@@ -1,0 +1,315 @@
+"""Which rules apply to mlx-lm's LRUPromptCache, how each is judged, and whose code breaks it.
+
+Applicable rules (REFERENCE section 3, read for a cache of whole-state entries):
+  C1  the server's logprobs after a restore equal a cold prefill of the same tokens (every generated
+      step, to a calibrated tolerance) and the greedy token agrees;
+  C2  the fetch resumes at the deepest offset some stored entry can serve, given which caches can be
+      trimmed (mlx-lm's own can_trim_prompt_cache), and never past len(prompt) - 1 (one prompt token
+      is left to evaluate);
+  E1  at rest (between requests) the bytes held are within --prompt-cache-bytes and the entries
+      within --prompt-cache-size;
+  E3  least recently USED first -- a fetch that serves an entry is a use. An eviction that skips an
+      older entry of the same segment type is a violation; one explained only by CacheOrder's
+      per-type priority is reported apart, as a policy difference;
+  A1  the byte counter (`nbytes`) equals the bytes its entries' caches hold;
+  T1, T2  well-formedness of the view this module builds (a self-check of the mapping).
+
+Invariants: a Finding names its rule, its cause (a key of CAUSES: the mlx-lm function and the line
+quoted) and its kind ("violation" | "policy"); the checker never reports a violation its own reading
+of mlx-lm's code cannot attribute to a line of mlx-lm.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from targets.base import ALL_RULES
+
+RULES = frozenset({"C1", "C2", "E1", "E3", "A1", "T1", "T2"})
+NOT_APPLICABLE = {
+    "T3": "no live caches persist between requests; the fetched cache's layer offsets are part of C1",
+    "S1": "an entry holds KV for [0, end) as one full copy, never per-edge slices (its design)",
+    "S2": "holds by construction: every entry is a deep copy of every layer taken at its own end",
+    "S3": "there is no page-out of a frontier: entries are inserted whole at segment ends and at finish",
+    "S4": "entries are never split",
+    "M1": "no non-causal media on this path (requests with images take the sequential path)",
+    "M2": "no non-causal media on this path (requests with images take the sequential path)",
+    "M3": "no non-causal media on this path (requests with images take the sequential path)",
+    "P1": "a resume inside an entry trims a deep copy; the stored entry is never split",
+    "P2": "no compaction: entries never merge",
+    "G1": "entries never merge",
+    "G2": "entries never merge",
+    "E2": "its design protects nothing: any entry may be evicted",
+    "E4": "eviction removes one whole entry; nothing merges",
+    "E5": "no checkpoint is folded away; the deepest surviving entry is C2's target",
+    "A2": "entries are Python objects freed by the garbage collector; snapshots have no identities",
+    "A3": "the allocator's memory is not judged per operation here; bytes held are judged by E1 and A1",
+}
+assert set(NOT_APPLICABLE) | RULES == set(ALL_RULES) and not set(NOT_APPLICABLE) & RULES
+
+TOL = 1e-3        # logprob tolerance; calibrate() measures the cold path's noise and a planted shift
+
+
+@dataclass(frozen=True)
+class Cause:
+    rule: str
+    module: str            # "mlx_lm.models.cache" | "mlx_lm.server"
+    function: str          # qualified name inside the module
+    quote: str             # a substring of the responsible line
+    why: str
+
+
+CAUSES = {
+    "exact-hit-no-seed": Cause("C2", "mlx_lm.models.cache", "LRUPromptCache.fetch_nearest_cache",
+                               "return copy.deepcopy(cache_entry.prompt_cache), []",
+                               "an exact hit returns the whole cache and no token to evaluate; the server "
+                               "then passes empty segments to BatchGenerator.insert_segments, which raises, "
+                               "and its generation thread dies"),
+    "one-token-prefix": Cause("C2", "mlx_lm.models.cache", "PromptTrie.search", "if last_index > 0:",
+                              "a stored one-token prefix (last_index == 0) is never returned as `shorter`; "
+                              "with caches that cannot be trimmed the request re-prefills from 0"),
+    "shallower-restore": Cause("C2", "mlx_lm.models.cache", "LRUPromptCache.fetch_nearest_cache",
+                               "if can_trim_prompt_cache(cache_entry.prompt_cache):",
+                               "only the shortest entry below the deepest matched node is tried for trimming "
+                               "(PromptTrie.search); when it cannot be trimmed (a RotatingKVCache past its "
+                               "window) a trimmable entry that branched off earlier is never considered and "
+                               "the fetch falls back to a shorter prefix or to nothing"),
+    "fetch-not-a-use": Cause("E3", "mlx_lm.models.cache", "LRUPromptCache.fetch_nearest_cache",
+                             "result = self._trie.search(model, tokens)",
+                             "a fetch never touches CacheOrder (only insert_cache pushes), so recency is "
+                             "insertion order: an entry served a moment ago goes before an older, unused one"),
+    "typed-priority": Cause("E3", "mlx_lm.models.cache", "LRUPromptCache.CacheOrder.pop",
+                            "if lru_a and len(lru_a) >= len(lru_b):",
+                            "eviction picks a segment type first (assistant before user before system, by "
+                            "queue length), then the oldest of that type"),
+    "bytes-limit-not-passed": Cause("E1", "mlx_lm.server", "run",
+                                    "prompt_cache = LRUPromptCache(model_provider.cli_args.prompt_cache_size)",
+                                    "--prompt-cache-bytes never reaches LRUPromptCache (max_bytes stays 2**63); "
+                                    "the batched path trims only when a request is added (trim_to), so the "
+                                    "entries inserted while it runs stay over the limit at rest"),
+    "count-limit": Cause("E1", "mlx_lm.models.cache", "LRUPromptCache.insert_cache",
+                         "if len(self._lru) > self.max_size:", "more entries than --prompt-cache-size at rest"),
+    "counter-drift": Cause("A1", "mlx_lm.models.cache", "LRUPromptCache.insert_cache",
+                           "self._n_bytes += entry.nbytes", "the byte counter differs from its entries' bytes"),
+    "restore-differs": Cause("C1", "mlx_lm.models.cache", "LRUPromptCache.fetch_nearest_cache",
+                             "trim_prompt_cache(cache, num_to_trim)",
+                             "the restored cache is not equivalent to a cold prefill of the tokens it covers"),
+    "batch-differs": Cause("C1", "mlx_lm.generate", "BatchGenerator._next",
+                           "self._prompt_batch.prompt(prompts)",
+                           "the fetched cache is right but generation from it differs from a cold prefill"),
+}
+
+
+def quote(cause: Cause) -> tuple:
+    """(file, line number, line text) of the cause's quoted line in the installed mlx-lm."""
+    import importlib
+    obj = importlib.import_module(cause.module)
+    for part in cause.function.split("."):
+        obj = getattr(obj, part)
+    lines, start = inspect.getsourcelines(obj)
+    for i, text in enumerate(lines):
+        if cause.quote in text:
+            return inspect.getsourcefile(obj), start + i, text.strip()
+    return inspect.getsourcefile(obj), start, lines[0].strip()
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    cause: str
+    kind: str              # "violation" | "policy"
+    step: int              # index of the request in the program
+    message: str
+
+
+def common_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def deepest(prompt, entries: dict) -> tuple:
+    """(r, key): the deepest offset r <= len(prompt) - 1 a stored entry can serve, and that entry.
+    A stored prefix serves its own length; a trimmable entry serves its common prefix with the prompt."""
+    m = len(prompt) - 1
+    best, by = 0, None
+    for k, e in entries.items():
+        c = common_prefix(k, prompt)
+        r = len(k) if c == len(k) and len(k) <= m else (min(c, m) if e.trimmable else 0)
+        if r > best:
+            best, by = r, k
+    return best, by
+
+
+def cold_logprobs(model, tokens):
+    """Logprobs at every position of one cold forward over `tokens` (no cache reused)."""
+    from mlx_lm.models.cache import make_prompt_cache
+    logits = model(mx.array([list(tokens)]), cache=make_prompt_cache(model))[0]
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+class Checker:
+    """Observes a ServerDriver and records Findings. `enabled`: rule ids judged (default RULES)."""
+
+    def __init__(self, enabled=None):
+        self.enabled = set(RULES if enabled is None else enabled)
+        self.findings: list = []
+        self.clock = 0
+        self.last_used: dict = {}
+        self.step = -1
+        self._before = {}
+
+    def _add(self, rule, cause, kind, message):
+        if rule in self.enabled:
+            self.findings.append(Finding(rule, cause, kind, self.step, message))
+
+    def violations(self):
+        return [f for f in self.findings if f.kind == "violation"]
+
+    # ------------------------------------------------------------ C2
+    def before_fetch(self, d, prompt):
+        self.step += 1
+        self.clock += 1
+        self._before = d.entries()
+
+    def after_fetch(self, d, res):
+        prompt, count = list(res.prompt), res.count
+        if count > len(prompt) - 1:
+            self._add("C2", "exact-hit-no-seed", "violation",
+                      f"resumed at {count} of {len(prompt)} prompt tokens: no token is left to evaluate")
+        else:
+            r, by = deepest(prompt, self._before)
+            if count < r:
+                cause = "one-token-prefix" if len(by) == 1 and tuple(prompt[:1]) == by else "shallower-restore"
+                self._add("C2", cause, "violation",
+                          f"resumed at {count}; the entry {list(by)} serves {r} (trimmable: "
+                          f"{self._before[by].trimmable})")
+        if res.served is not None and res.count > 0:
+            self.last_used[res.served] = self.clock            # a fetch that serves tokens uses the entry
+
+    # ------------------------------------------------------------ E3
+    def _evictions(self, d, before, inserted=None, inserted_type=None):
+        after = d.entries()
+        gone = set(before) - set(after)
+        if inserted is not None:
+            ins = after.get(inserted)
+            if ins is not None and ins.trimmable:      # insert_cache drops prefixes a trimmable entry covers
+                gone = {k for k in gone if not (len(k) < len(inserted) and inserted[:len(k)] == k)}
+            if ins is None:
+                gone.add(inserted)
+        types = {k: e.cache_type for k, e in {**before, **after}.items()}
+        if inserted is not None:
+            types[inserted] = inserted_type
+        survivors = [k for k in after if k != inserted]
+        for g in sorted(gone, key=lambda k: self.last_used.get(k, 0)):
+            older = [s for s in survivors if self.last_used.get(s, 0) < self.last_used.get(g, 0)]
+            same = [s for s in older if types[s] == types[g]]
+            if same:
+                s = min(same, key=lambda k: self.last_used.get(k, 0))
+                self._add("E3", "fetch-not-a-use", "violation",
+                          f"evicted {types[g]} entry of {len(g)} tokens (last used at {self.last_used.get(g)}) "
+                          f"before {types[s]} entry of {len(s)} tokens (last used at {self.last_used.get(s)})")
+            elif older:
+                s = min(older, key=lambda k: self.last_used.get(k, 0))
+                self._add("E3", "typed-priority", "policy",
+                          f"evicted {types[g]} entry of {len(g)} tokens (last used at {self.last_used.get(g)}) "
+                          f"before {types[s]} entry of {len(s)} tokens (last used at {self.last_used.get(s)})")
+        for k in set(before) - set(after):
+            self.last_used.pop(k, None)
+
+    def after_insert(self, d, before, key, cache_type):
+        self.clock += 1
+        self.last_used[key] = self.clock
+        self._evictions(d, before, key, cache_type)
+
+    def after_trim(self, d, before):
+        self._evictions(d, before)
+
+    # ------------------------------------------------------------ C1, E1, A1 (at rest)
+    def after_request(self, d, res, gen):
+        if res.crash is None and "C1" in self.enabled:
+            self._c1(d, res, gen)
+        entries = d.entries()
+        if d.prompt_cache_bytes is not None and d.lru.nbytes > d.prompt_cache_bytes:
+            self._add("E1", "bytes-limit-not-passed", "violation",
+                      f"{d.lru.nbytes} bytes held at rest in {len(entries)} entries; --prompt-cache-bytes "
+                      f"{d.prompt_cache_bytes}")
+        if len(entries) > d.prompt_cache_size:
+            self._add("E1", "count-limit", "violation",
+                      f"{len(entries)} entries at rest; --prompt-cache-size {d.prompt_cache_size}")
+        held = sum(e.held for e in entries.values())
+        if held != d.lru.nbytes:
+            self._add("A1", "counter-drift", "violation", f"counter {d.lru.nbytes} != bytes held {held}")
+        for f in spec_check(view_of(d)):                  # the spec's own predicates on the view
+            if f.rule in ("T1", "T2"):
+                self._add(f.rule, "view", "violation", str(f))
+
+    def _c1(self, d, res, gen):
+        tokens = list(res.prompt) + list(gen[:-1])
+        cold = cold_logprobs(d.model, tokens)
+        n = len(res.prompt)
+        for i, lp in enumerate(res.logprobs):
+            ref = cold[n - 1 + i]
+            diff = float(mx.abs(lp - ref).max())
+            if diff > TOL or int(mx.argmax(lp)) != int(mx.argmax(ref)):
+                direct = _direct_ok(d.model, res)
+                self._add("C1", "batch-differs" if direct else "restore-differs", "violation",
+                          f"step {i} after resuming at {res.count}: max |logprob - cold| = {diff:.3g} "
+                          f"(tolerance {TOL}); greedy {int(mx.argmax(lp))} vs cold {int(mx.argmax(ref))}")
+                return
+
+
+def _direct_ok(model, res) -> bool:
+    """Is the fetched cache itself equivalent to a cold prefill? (feeds the rest of the prompt)"""
+    import copy
+    if res.fetched is None:
+        return True
+    cache = copy.deepcopy(res.fetched)
+    out = model(mx.array([list(res.prompt[res.count:])]), cache=cache)[0, -1]
+    ref = cold_logprobs(model, res.prompt)[-1]
+    return float(mx.abs(out - mx.logsumexp(out) - ref).max()) <= TOL
+
+
+def spec_check(view) -> list:
+    """spec.rules' state predicates for the rules this target declares (guarded: spec/rules.py is
+    being rewritten; anything it cannot judge yet is skipped)."""
+    try:
+        from spec import rules as spec_rules
+    except Exception:
+        return []
+    if view is None or not hasattr(spec_rules, "check"):
+        return []
+    try:
+        return spec_rules.check(view, rules={"T1", "T2"})
+    except Exception:
+        return []
+
+
+def view_of(d):
+    from targets.mlx_lm.view import view_of as build
+    try:
+        return build(d)
+    except Exception:
+        return None
+
+
+def calibrate(model_name: str) -> dict:
+    """The cold path's own noise (one forward vs a prompt split in two) and a planted wrong state
+    (the prompt shifted by one position) on `model_name`: TOL must sit far between them."""
+    from mlx_lm.models.cache import make_prompt_cache
+    from targets.mlx_lm import models
+    model = models.build(model_name)
+    toks = [(7 * i + 3) % models.VOCAB for i in range(24)]
+    ref = cold_logprobs(model, toks)[-1]
+    c = make_prompt_cache(model)
+    model(mx.array([toks[:11]]), cache=c)
+    split = model(mx.array([toks[11:]]), cache=c)[0, -1]
+    noise = float(mx.abs(split - mx.logsumexp(split) - ref).max())
+    shifted = cold_logprobs(model, [1] + toks)[-1]
+    planted = float(mx.abs(shifted - ref).max())
+    return {"model": model_name, "noise": noise, "planted_shift": planted, "tolerance": TOL}
