@@ -26,6 +26,7 @@ from targets.mlx_lm.rules import Checker
 ALPHABET = st.integers(1, 6)
 LAST: dict = {}
 STATS = {"steps": 0, "seconds": 0.0}
+POLICY: dict = {}                 # cause -> [count, first example], over every run of the process
 
 
 def unit_bytes(model_name: str) -> int:
@@ -53,6 +54,7 @@ def make_machine(model_name: str, known=frozenset(), lru_class=None):
             self.program = {"model": model_name, "prompt_cache_size": size, "prompt_cache_bytes": limit,
                             "ops": []}
             self.seqs = [()]
+            self.seen = 0
             self.t0 = time.perf_counter()
 
         @rule(data=st.data())
@@ -75,6 +77,11 @@ def make_machine(model_name: str, known=frozenset(), lru_class=None):
             STATS["steps"] += 1
             STATS["seconds"] += time.perf_counter() - t
             self.seqs.append(tuple(prompt + gen))
+            for f in self.checker.findings[self.seen:]:
+                if f.kind == "policy":
+                    n, ex = POLICY.get(f.cause, [0, f"{model_name}: {f.message}"])
+                    POLICY[f.cause] = [n + 1, ex]
+            self.seen = len(self.checker.findings)
             new = [f for f in self.checker.violations() if (f.rule, f.cause) not in known]
             if new:
                 f = new[0]

@@ -89,6 +89,10 @@ CAUSES = {
                                     "--prompt-cache-bytes never reaches LRUPromptCache (max_bytes stays 2**63); "
                                     "the batched path trims only when a request is added (trim_to), so the "
                                     "entries inserted while it runs stay over the limit at rest"),
+    "resume-behind-match": Cause("C2", "mlx_lm.models.cache", "LRUPromptCache.fetch_nearest_cache",
+                                 "if short_length > 0:",
+                                 "no checkpoint where the conversation diverged: caches that cannot be trimmed "
+                                 "resume at the last stored prefix (segment ends, finished requests)"),
     "count-limit": Cause("E1", "mlx_lm.models.cache", "LRUPromptCache.insert_cache",
                          "if len(self._lru) > self.max_size:", "more entries than --prompt-cache-size at rest"),
     "counter-drift": Cause("A1", "mlx_lm.models.cache", "LRUPromptCache.insert_cache",
@@ -189,6 +193,10 @@ class Checker:
                 self._add("C2", cause, "violation",
                           f"resumed at {count}; the entry {list(by)} serves {r} (trimmable: "
                           f"{self._before[by].trimmable})")
+            match = min(max([0] + [common_prefix(k, prompt) for k in self._before]), len(prompt) - 1)
+            if count == r and count < match:
+                self._add("C2", "resume-behind-match", "policy",
+                          f"resumed at {count} of a {match}-token match: no entry it can serve there")
         if res.served is not None and res.count > 0:
             self.last_used[res.served] = self.clock            # a fetch that serves tokens uses the entry
 
@@ -300,7 +308,9 @@ def view_of(d):
 
 def calibrate(model_name: str) -> dict:
     """The cold path's own noise (one forward vs a prompt split in two) and a planted wrong state
-    (the prompt shifted by one position) on `model_name`: TOL must sit far between them."""
+    (the prompt shifted by one position; one earlier token changed) on `model_name`: TOL must sit far
+    between them. (On the small mamba2 a shift by one is invisible in the last logits: its state forgets
+    the first tokens; a changed recent token is not.)"""
     from mlx_lm.models.cache import make_prompt_cache
     from targets.mlx_lm import models
     model = models.build(model_name)
@@ -311,5 +321,6 @@ def calibrate(model_name: str) -> dict:
     split = model(mx.array([toks[11:]]), cache=c)[0, -1]
     noise = float(mx.abs(split - mx.logsumexp(split) - ref).max())
     shifted = cold_logprobs(model, [1] + toks)[-1]
-    planted = float(mx.abs(shifted - ref).max())
-    return {"model": model_name, "noise": noise, "planted_shift": planted, "tolerance": TOL}
+    changed = cold_logprobs(model, toks[:-2] + [99] + toks[-1:])[-1]
+    return {"model": model_name, "noise": noise, "planted_shift": float(mx.abs(shifted - ref).max()),
+            "planted_changed": float(mx.abs(changed - ref).max()), "tolerance": TOL}

@@ -1,0 +1,98 @@
+"""`./dev check-mlx-lm [--minutes N] [--report DIR] [--models a,b] [--lru MODULE:CLASS] [--save]`
+and `python -m targets.mlx_lm replay` (saved findings on the installed mlx-lm).
+
+check: hunts distinct rule violations from scratch for N minutes (default 10), writes the report
+(report.md, report.json, a finding JSON and a standalone script per violation) to DIR (default
+reports/mlx-lm); --save also stores the findings in targets/mlx_lm/findings/. --lru runs against
+another LRUPromptCache class (a hand-fixed copy, to show the adapter raises no false alarms).
+Exit status: 0 whatever is found (findings are the product); 2 on bad arguments.
+replay: every saved finding; "reproduces" on the pinned version, "fixed upstream in X" when a newer
+mlx-lm no longer shows it; exit 1 only when a finding stops reproducing on the version it was found on.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _version() -> str:
+    from importlib.metadata import version
+    return version("mlx-lm")
+
+
+def _lru(spec):
+    if not spec:
+        return None
+    path, _, name = spec.partition(":")
+    if path.endswith(".py"):
+        import importlib.util
+        s = importlib.util.spec_from_file_location("scratch_lru", path)
+        mod = importlib.util.module_from_spec(s)
+        s.loader.exec_module(mod)
+    else:
+        mod = importlib.import_module(path)
+    return getattr(mod, name or "LRUPromptCache")
+
+
+def check(args) -> int:
+    from targets.mlx_lm import machine, models, report
+    names = args.models.split(",") if args.models else list(models.MODEL_NAMES)
+    bad = [n for n in names if n not in models.MODEL_NAMES]
+    if bad:
+        print(f"unknown models {bad}; known: {models.MODEL_NAMES}", file=sys.stderr)
+        return 2
+    version = _version()
+    print(f"mlx-lm {version}; models {names}; {args.minutes} min", flush=True)
+    t = time.perf_counter()
+    found = machine.search(names, args.minutes, lru_class=_lru(args.lru), log=lambda s: print(s, flush=True))
+    seconds = time.perf_counter() - t
+    meta = {"seconds": seconds, "steps": machine.STATS["steps"],
+            "steps_per_s": machine.STATS["steps"] / max(seconds, 1e-9),
+            "command": "./dev check-mlx-lm " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "./dev check-mlx-lm",
+            "lru": args.lru or "mlx_lm.models.cache:LRUPromptCache",
+            "models": [r for r in report.model_rows() if r["name"] in names]}
+    out = report.write(Path(args.report), found, machine.POLICY, meta, version)
+    if args.save:
+        for f in found:
+            report.save_finding(report.finding_record(f, version))
+    print(f"{len(found)} rule violations, {len(machine.POLICY)} kinds of policy difference; "
+          f"{meta['steps_per_s']:.1f} steps/s; report: {out}")
+    return 0
+
+
+def replay(args) -> int:
+    from targets.mlx_lm import machine, report
+    version, status = _version(), 0
+    for p in sorted(report.FINDINGS_DIR.glob("*.json")):
+        rec = json.loads(p.read_text())
+        ok = machine.reproduces(rec)
+        if ok:
+            print(f"{p.name}: reproduces on mlx-lm {version}")
+        elif version != rec["mlx_lm_version"]:
+            print(f"{p.name}: fixed upstream in {version} (found on {rec['mlx_lm_version']})")
+        else:
+            print(f"{p.name}: DOES NOT REPRODUCE on {version}, the version it was found on")
+            status = 1
+    return status
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="check-mlx-lm")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check")
+    c.add_argument("--minutes", type=float, default=10.0)
+    c.add_argument("--report", default="reports/mlx-lm")
+    c.add_argument("--models", default="")
+    c.add_argument("--lru", default="")
+    c.add_argument("--save", action="store_true")
+    sub.add_parser("replay")
+    args = ap.parse_args(argv)
+    return check(args) if args.cmd == "check" else replay(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The mlx-lm target's report: rule violations and policy differences kept apart.
+
+Writes, under the report directory: report.md (the tables), report.json (every figure), one
+finding-<rule>-<cause>.json and one repro-<rule>-<cause>.py (the standalone script) per violation.
+Invariants: a violation row names the mlx-lm version, the function responsible with its line as
+installed, the shrunk program's length and the seconds to first detection; whether a public issue
+reports it comes from ISSUES (searched on ml-explore/mlx-lm's tracker, 2026-12-03) and says so.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from targets.mlx_lm import models
+from targets.mlx_lm.export import export
+from targets.mlx_lm.rules import CAUSES, quote
+
+ISSUES = {
+    "exact-hit-no-seed": "yes: #1215 (closed, reported on 0.31.3; still reproduces), open PR #1887; PRs #1581/#1596",
+    "bytes-limit-not-passed": "yes: open PRs #1118, #1392, #1409 (#1267 closed); issue #883",
+    "one-token-prefix": "yes: #1495 (closed unfixed as non-essential), PR #1496 (closed)",
+    "fetch-not-a-use": "yes: #1495 (closed unfixed as non-essential), PR #1496 (closed)",
+    "shallower-restore": "not found (related, not the same: #1437, #1494 on windowed trims)",
+    "typed-priority": "by design (PR #906 / CacheOrder)",
+    "resume-behind-match": "by design (entries only at segment ends and at the finish)",
+}
+
+FINDINGS_DIR = Path(__file__).resolve().parent / "findings"
+
+
+def finding_record(f: dict, version: str) -> dict:
+    c = CAUSES[f["cause"]]
+    path, line, text = quote(c)
+    return {**f, "mlx_lm_version": version, "module": c.module, "function": c.function, "line": line,
+            "quote": text, "why": c.why, "public_issue": ISSUES.get(f["cause"], "not searched")}
+
+
+def save_finding(rec: dict, directory: Path = FINDINGS_DIR) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    p = directory / f"{rec['rule']}-{rec['cause']}.json"
+    p.write_text(json.dumps(rec, indent=1) + "\n")
+    return p
+
+
+def write(out: Path, found: list, policy: dict, meta: dict, version: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    recs = [finding_record(f, version) for f in found]
+    lines = [f"# mlx-lm {version}: server prompt cache (LRUPromptCache) against the rules", "",
+             f"Run: `{meta.get('command', './dev check-mlx-lm')}` -- {meta['seconds']:.0f} s, "
+             f"{meta['steps']} requests, {meta['steps_per_s']:.1f} steps/s (one step = one request "
+             f"served through BatchGenerator, plus the C1 cold prefill).", "",
+             "| model | layer caches | server path | C1 noise | planted: shifted by one | planted: a token changed |",
+             "|---|---|---|---|---|---|"]
+    for m in meta["models"]:
+        lines.append(f"| {m['name']} | {', '.join(m['caches'])} | {m['path']} | {m['noise']:.1e} | "
+                     f"{m['planted']:.1e} | {m['changed']:.1e} |")
+    lines += ["", "## Rule violations", "",
+              "| rule | cause | model | steps | s to first detection | mlx-lm function (line) | public issue |",
+              "|---|---|---|---|---|---|---|"]
+    for r in recs:
+        lines.append(f"| {r['rule']} | {r['cause']} | {r['model']} | {r['steps']} | {r['seconds_to_detect']} | "
+                     f"`{r['module']}.{r['function']}` line {r['line']}: `{r['quote']}` | {r['public_issue']} |")
+    for r in recs:
+        name = f"{r['rule']}-{r['cause']}"
+        (out / f"finding-{name}.json").write_text(json.dumps(r, indent=1) + "\n")
+        (out / f"repro-{name}.py").write_text(export(r, version))
+        lines += ["", f"### {r['rule']} ({r['cause']})", "", r["message"], "", r["why"], "",
+                  f"Shrunk program ({r['steps']} requests; [prompt, generated, chat, system length]), "
+                  f"flags --prompt-cache-size {r['program']['prompt_cache_size']} --prompt-cache-bytes "
+                  f"{r['program']['prompt_cache_bytes']}:", "", "```", json.dumps(r["program"]["ops"]), "```",
+                  f"Standalone script: `repro-{name}.py`."]
+    lines += ["", "## Policy differences (no rule broken)", "",
+              "| kind | count | first example |", "|---|---|---|"]
+    for kind, (n, example) in sorted(policy.items()):
+        lines.append(f"| {kind} | {n} | {example} |")
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    (out / "report.json").write_text(json.dumps({"version": version, "meta": meta, "violations": recs,
+                                                 "policy": policy}, indent=1) + "\n")
+    return out / "report.md"
+
+
+def model_rows() -> list:
+    from targets.mlx_lm.rules import calibrate
+    rows = []
+    for name in models.MODEL_NAMES:
+        m = models.build(name)
+        cal = calibrate(name)
+        rows.append({"name": name, "caches": sorted(set(models.cache_kinds(m))), "path": models.server_path(m),
+                     "noise": cal["noise"], "planted": cal["planted_shift"], "changed": cal["planted_changed"]})
+    return rows
