@@ -93,6 +93,7 @@ class PrefixCache:
         self.clock = 0
         self.request: Request | None = None
         self.evictions = 0
+        self.victims: list = []       # key paths of the evicted nodes, in order (the rules' Op.evicted)
         self.bookkeeping_s = 0.0      # time spent in this class, for overhead figures
 
     # ------------------------------------------------------------- basics
@@ -126,10 +127,21 @@ class PrefixCache:
         node.last_used = self.clock
         node.used_at = time.monotonic()
 
-    def _checked(self, what: str) -> None:
+    def _before(self):
+        """Under check=True: the view before an operation, and the victim count then."""
+        if not self.check:
+            return None
+        from impl.view import view
+        return view(self), len(self.victims)
+
+    def _checked(self, what: str, before=None, args: tuple = (), outcome=None) -> None:
+        """Under check=True: every state rule, and every operation rule of `what`
+        on the views before and after it (impl.invariants)."""
         if self.check:
             from impl.invariants import assert_rules
-            assert_rules(self, what)
+            from spec.view import Op
+            op = None if before is None else Op(what, args, outcome, tuple(self.victims[before[1]:]))
+            assert_rules(self, what, before and before[0], op)
 
     # ------------------------------------------------------------- begin
     def begin(self, keys, spans=()) -> tuple:
@@ -141,6 +153,7 @@ class PrefixCache:
             raise ValueError("empty prompt: a request needs at least one key")
         t0, evictions_before = time.perf_counter(), self.evictions
         keys, spans = tuple(keys), sorted(tuple(s) for s in spans)
+        before = self._before()
         walked, matched = match(self.root, keys)
         if matched == len(keys):
             matched -= 1                                     # leave the decode seed
@@ -163,7 +176,7 @@ class PrefixCache:
                 c.prepare_captures(offsets)
         self._evict()
         self.bookkeeping_s += time.perf_counter() - t0
-        self._checked("begin")
+        self._checked("begin", before, (keys, tuple(spans)), (matched, resume))
         return matched, resume
 
     def _split_at_live(self, path: list, resume: int) -> list:
@@ -268,7 +281,7 @@ class PrefixCache:
         req = self.request
         if req is None or not req.schedule:
             return
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), self._before()
         plan, req.schedule = req.schedule, []
         rows = {i: self.caches[i].take_captures() for i in self.stateful()}
         reached = self.offset
@@ -299,7 +312,7 @@ class PrefixCache:
             self._compact()
         self._evict()
         self.bookkeeping_s += time.perf_counter() - t0
-        self._checked("attach")
+        self._checked("attach", before)
 
     def _page_out(self, node: Node) -> None:
         """S3: capture every stateful layer the node is missing."""
@@ -310,6 +323,7 @@ class PrefixCache:
     def close(self) -> Stats:
         if self.request is None:
             raise ValueError("close without an open request")
+        before = self._before()
         self.attach()
         t0 = time.perf_counter()
         if self.offset > self.frontier.end:
@@ -322,7 +336,7 @@ class PrefixCache:
         self._evict()
         req.stats.evictions = self.evictions - req.evictions_before
         self.bookkeeping_s += time.perf_counter() - t0
-        self._checked("close")
+        self._checked("close", before)
         return req.stats
 
     # ------------------------------------------------ compaction, eviction
@@ -357,7 +371,11 @@ class PrefixCache:
             v = self._victim()
             if v is None:
                 return
+            if self.check:
+                from impl.invariants import assert_evictable
+                assert_evictable(self, v)
             self.evictions += 1
+            self.victims.append(v.path_keys())
             if v.children:                                   # E4
                 child = next(iter(v.children.values()))
                 if child in self.path:
@@ -370,9 +388,10 @@ class PrefixCache:
     def set_budget(self, budget: int) -> None:
         if budget < 0:
             raise ValueError(f"budget {budget} < 0")
+        before = self._before()
         self.budget = budget
         self._evict()
-        self._checked("set_budget")
+        self._checked("set_budget", before, (budget,))
 
     # ------------------------------------------------------------ dumps
     def dump(self) -> str:
