@@ -51,7 +51,8 @@ def check(args) -> int:
     found = machine.search(names, args.minutes, lru_class=_lru(args.lru), log=lambda s: print(s, flush=True))
     seconds = time.perf_counter() - t
     meta = {"seconds": seconds, "steps": machine.STATS["steps"],
-            "steps_per_s": machine.STATS["steps"] / max(seconds, 1e-9),
+            "steps_per_s": machine.STATS["steps"] / max(machine.STATS["seconds"], 1e-9),
+            "steps_per_s_overall": machine.STATS["steps"] / max(seconds, 1e-9),
             "command": "./dev check-mlx-lm " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "./dev check-mlx-lm",
             "lru": args.lru or "mlx_lm.models.cache:LRUPromptCache",
             "models": [r for r in report.model_rows() if r["name"] in names]}

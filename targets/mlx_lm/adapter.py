@@ -80,13 +80,18 @@ class ServerDriver:
 
     def __init__(self, model_name: str, prompt_cache_size: int = 10, prompt_cache_bytes: int | None = None,
                  lru_class=None, observer=None):
+        """`lru_class`: a factory (prompt_cache_size, prompt_cache_bytes) -> cache, standing for
+        server.run's construction; default: what server.run does, LRUPromptCache(prompt_cache_size)."""
         from mlx_lm.generate import BatchGenerator
         from mlx_lm.models.cache import LRUPromptCache
         self.model_name = model_name
         self.model = models.build(model_name)
         self.prompt_cache_size = prompt_cache_size
         self.prompt_cache_bytes = prompt_cache_bytes
-        self.lru = (lru_class or LRUPromptCache)(prompt_cache_size)      # server.run
+        if lru_class is None:
+            self.lru = LRUPromptCache(prompt_cache_size)                 # server.run: no byte limit passed
+        else:
+            self.lru = lru_class(prompt_cache_size, prompt_cache_bytes)
         # server defaults: --decode-concurrency 32, --prompt-concurrency 8, --prefill-step-size 2048
         self.bg = BatchGenerator(self.model, completion_batch_size=32, prefill_batch_size=8,
                                  prefill_step_size=2048)

@@ -12,7 +12,7 @@ Invariants of every exported script:
 """
 from __future__ import annotations
 
-import json
+import pprint
 
 from targets.mlx_lm import models
 from targets.mlx_lm.rules import CAUSES, quote
@@ -125,8 +125,6 @@ def after_fetch(prompt, count, before):
     best = max([0] + [len(k) if common(k, prompt) == len(k) <= m else
                       (min(common(k, prompt), m) if can_trim_prompt_cache(inserted[k][0]) else 0)
                       for k in before])
-    if count > 0 and (tuple(prompt[:count]) in before):
-        last_used[tuple(prompt[:count])] = clock[0]
     assert count >= best, f"C2: resumed at {count}; a stored entry serves {best}"
 
 
@@ -235,9 +233,9 @@ def export(finding: dict, version: str) -> str:
                        version=version, rule=finding["rule"], rule_text=RULE_TEXT[finding["rule"]],
                        module=c.module, function=c.function, line=line, text=text, why=_wrap(c.why),
                        trim_note=", trim_to when --prompt-cache-bytes is set", arch=arch,
-                       config=json.dumps(cfg), seed=models.SEED, size=p["prompt_cache_size"],
+                       config=pprint.pformat(cfg, width=100, compact=True), seed=models.SEED, size=p["prompt_cache_size"],
                        limit=p["prompt_cache_bytes"])
-    return head + CHECKS[finding["rule"]] + TAIL.format(requests=json.dumps(p["ops"]))
+    return head + CHECKS[finding["rule"]] + TAIL.format(requests=repr(p["ops"]))
 
 
 def _wrap(s: str, width: int = 100) -> str:

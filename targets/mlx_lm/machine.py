@@ -15,6 +15,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import json
 import time
 
 from hypothesis import Phase, settings, strategies as st
@@ -134,6 +135,8 @@ def hunt(model_name: str, known=frozenset(), hyp_settings=None, lru_class=None):
         return None
     f = LAST["finding"]
     program = shrink(LAST["program"], f.rule, f.cause, lru_class)
+    _, ch = run_driver(program, lru_class, Checker(enabled={f.rule}))
+    f = next((g for g in ch.findings if (g.rule, g.cause) == (f.rule, f.cause)), f)
     return f, program, LAST["first_at"]
 
 
@@ -145,49 +148,59 @@ def _fails(program, rule, cause, lru_class) -> bool:
     return any(f.kind == "violation" and (f.rule, f.cause) == (rule, cause) for f in ch.findings)
 
 
-def shrink(program: dict, rule: str, cause: str, lru_class=None) -> dict:
-    """Greedy delta debugging until nothing smaller fails the same way: drop requests, drop prompt and
-    generated tokens, plain text instead of chat, smaller token values, and simpler cache flags."""
+def shrink(program: dict, rule: str, cause: str, lru_class=None, passes: int = 4) -> dict:
+    """Greedy delta debugging until a pass changes nothing (at most `passes`): simpler flags, drop
+    requests, replace a token value by 1 everywhere, plain text instead of chat, drop or lower single
+    prompt and generated tokens. Every accepted candidate still fails with the same (rule, cause)."""
     best = _copy(program)
-    ops = best["ops"]
-    if len(ops) and _fails({**best, "ops": ops[:_last_needed(best, rule, cause, lru_class)]}, rule, cause, lru_class):
-        best["ops"] = ops[:_last_needed(best, rule, cause, lru_class)]
+    n = _last_needed(best, rule, cause, lru_class)
+    if n < len(best["ops"]) and _fails({**best, "ops": best["ops"][:n]}, rule, cause, lru_class):
+        best["ops"] = best["ops"][:n]
 
-    def candidates(p):
-        for flag, values in (("prompt_cache_bytes", [None]), ("prompt_cache_size", [10])):
-            for v in values:
-                if p[flag] != v:
-                    yield {**p, flag: v}
-        ops = p["ops"]
-        for i in range(len(ops)):
-            yield {**p, "ops": ops[:i] + ops[i + 1:]}
-        for i, (prompt, gen, chat, sys_len) in enumerate(ops):
-            def put(op):
-                return {**p, "ops": ops[:i] + [op] + ops[i + 1:]}
-            if chat:
-                yield put([prompt, gen, False, 0])
-                if sys_len:
-                    yield put([prompt, gen, True, 0])
-            for j in range(len(prompt)):
-                if len(prompt) > 1:
-                    yield put([prompt[:j] + prompt[j + 1:], gen, chat, sys_len])
-            for j in range(len(gen)):
-                if len(gen) > 1:
-                    yield put([prompt, gen[:j] + gen[j + 1:], chat, sys_len])
-            for j, t in enumerate(prompt):
-                if t > 1:
-                    yield put([prompt[:j] + [1] + prompt[j + 1:], gen, chat, sys_len])
-            for j, t in enumerate(gen):
-                if t > 1:
-                    yield put([prompt, gen[:j] + [1] + gen[j + 1:], chat, sys_len])
+    def attempt(c):
+        nonlocal best
+        if _fails(c, rule, cause, lru_class):
+            best = _copy(c)
+            return True
+        return False
 
-    improved = True
-    while improved:
-        improved = False
-        for c in candidates(best):
-            if _fails(c, rule, cause, lru_class):
-                best, improved = _copy(c), True
-                break
+    for _ in range(passes):
+        before = json.dumps(best)
+        for flag, v in (("prompt_cache_bytes", None), ("prompt_cache_size", 10)):
+            if best[flag] != v:
+                attempt({**best, flag: v})
+        for i in range(len(best["ops"]) - 1, -1, -1):
+            if i < len(best["ops"]):
+                attempt({**best, "ops": best["ops"][:i] + best["ops"][i + 1:]})
+        values = sorted({t for op in best["ops"] for t in op[0] + op[1] if t > 1}, reverse=True)
+        for v in values:
+            attempt({**best, "ops": [[[1 if t == v else t for t in op[0]], [1 if t == v else t for t in op[1]],
+                                      op[2], op[3]] for op in best["ops"]]})
+        for i in range(len(best["ops"])):
+            def put(op, i=i):
+                return {**best, "ops": best["ops"][:i] + [op] + best["ops"][i + 1:]}
+            prompt, gen, chat, sys_len = best["ops"][i]
+            if chat and attempt(put([prompt, gen, False, 0])):
+                prompt, gen, chat, sys_len = best["ops"][i]
+            if sys_len and attempt(put([prompt, gen, chat, 0])):
+                prompt, gen, chat, sys_len = best["ops"][i]
+            for field in (0, 1):
+                j = len(best["ops"][i][field]) - 1
+                while j >= 0:
+                    op = [list(x) if isinstance(x, list) else x for x in best["ops"][i]]
+                    seq = op[field]
+                    if len(seq) > 1:
+                        op[field] = seq[:j] + seq[j + 1:]
+                        if attempt(put(op)):
+                            j = min(j, len(best["ops"][i][field])) - 1
+                            continue
+                    if seq[j] > 1:
+                        op = [list(x) if isinstance(x, list) else x for x in best["ops"][i]]
+                        op[field] = seq[:j] + [1] + seq[j + 1:]
+                        attempt(put(op))
+                    j -= 1
+        if json.dumps(best) == before:
+            break
     return best
 
 

@@ -47,8 +47,10 @@ def write(out: Path, found: list, policy: dict, meta: dict, version: str) -> Pat
     recs = [finding_record(f, version) for f in found]
     lines = [f"# mlx-lm {version}: server prompt cache (LRUPromptCache) against the rules", "",
              f"Run: `{meta.get('command', './dev check-mlx-lm')}` -- {meta['seconds']:.0f} s, "
-             f"{meta['steps']} requests, {meta['steps_per_s']:.1f} steps/s (one step = one request "
-             f"served through BatchGenerator, plus the C1 cold prefill).", "",
+             f"{meta['steps']} requests by the machine, {meta['steps_per_s']:.1f} steps/s while hunting "
+             f"({meta['steps_per_s_overall']:.1f}/s over the run, shrinking included; one step = one request "
+             f"served through BatchGenerator, with its checks and the C1 cold prefill). Cache under check: "
+             f"`{meta['lru']}`.", "",
              "| model | layer caches | server path | C1 noise | planted: shifted by one | planted: a token changed |",
              "|---|---|---|---|---|---|"]
     for m in meta["models"]:
