@@ -1,0 +1,161 @@
+"""The adapter is faithful: mlx_lm.server's own ResponseGenerator (its generation thread, its
+_tokenize, its batched branch), given a stub model provider (a small model, a stub tokenizer whose
+chat template is a few marker tokens) and a recording LRUPromptCache, makes the same fetch /
+insert_cache / trim_to calls, in the same order, as adapter.ServerDriver does for the same requests.
+
+The server samples greedily (temperature 0); the driver is given the tokens the server generated."""
+import argparse
+import threading
+
+import pytest
+
+from targets.mlx_lm import models
+from targets.mlx_lm.adapter import ServerDriver
+
+server = pytest.importorskip("mlx_lm.server")
+from mlx_lm.models.cache import LRUPromptCache  # noqa: E402
+
+ROLE = {"system": 101, "user": 102, "assistant": 103}
+GEN_PROMPT, END = 104, 105
+
+
+class Detok:
+    def __init__(self):
+        self.last_segment = ""
+
+    def reset(self):
+        self.last_segment = ""
+
+    def add_token(self, t):
+        self.last_segment = f" {t}"
+
+    def finalize(self):
+        pass
+
+
+class StubTokenizer:
+    """Text is space-separated token ids; the chat template is role marker + content per message."""
+    eos_token_ids = set()
+    has_thinking = has_tool_calling = False
+    tool_parser = None
+    structural_markers = []
+    response_transitions = {}
+    response_initial_state = None
+    has_chat_template = True
+
+    @property
+    def detokenizer(self):
+        return Detok()
+
+    def encode(self, text, add_special_tokens=True):
+        return [int(t) for t in text.split()]
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True, tools=None, **kw):
+        out = []
+        for m in messages:
+            out += [ROLE[m["role"]]] + self.encode(m["content"]) + [END]
+        return out + ([GEN_PROMPT] if add_generation_prompt else [])
+
+
+class RecordingCache(LRUPromptCache):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.calls = []
+
+    def fetch_nearest_cache(self, model, tokens):
+        self.calls.append(("fetch", tuple(tokens)))
+        return super().fetch_nearest_cache(model, tokens)
+
+    def insert_cache(self, model, tokens, prompt_cache, *, cache_type="assistant"):
+        self.calls.append(("insert", tuple(tokens), cache_type))
+        return super().insert_cache(model, tokens, prompt_cache, cache_type=cache_type)
+
+    def trim_to(self, *, n_sequences=None, n_bytes=None):
+        self.calls.append(("trim_to", n_bytes))
+        return super().trim_to(n_sequences=n_sequences, n_bytes=n_bytes)
+
+
+class StubProvider:
+    def __init__(self, model, size, nbytes):
+        self.cli_args = argparse.Namespace(
+            prompt_cache_size=size, prompt_cache_bytes=nbytes, decode_concurrency=32, prompt_concurrency=8,
+            prefill_step_size=2048, kv_bits=None, kv_group_size=64, quantized_kv_start=0,
+            chat_template_args={}, pipeline=False)
+        self.model, self.tokenizer = model, StubTokenizer()
+        self.model_key = ("default_model", None, None)
+        self.processor = self.draft_model = None
+        self.is_batchable = models.server_path(model) == "batched"
+
+    def load_default(self):
+        pass
+
+    def reset(self):
+        pass
+
+    def load(self, model, adapter=None, draft=None):
+        return self.model, self.tokenizer
+
+
+def args(max_tokens):
+    return server.GenerationArguments(
+        model=server.ModelDescription(model="default_model", draft=None, adapter=None),
+        sampling=server.SamplingArguments(0.0, 1.0, 0, 0.0, 0.0, 0.0),
+        logits=server.LogitsProcessorArguments(None, 0.0, 20, 0.0, 20, 0.0, 20),
+        stop_words=[], max_tokens=max_tokens, num_draft_tokens=0, logprobs=False, top_logprobs=0,
+        seed=None, chat_template_kwargs=None)
+
+
+def system_end(msgs, prompt):
+    """Where the system segment ends: the first position where the system messages followed by an
+    empty user message differ from the prompt (the template's own rendering decides)."""
+    if msgs[0]["role"] != "system":
+        return 0
+    sys_tokens = StubTokenizer().apply_chat_template(msgs[:1] + [{"role": "user", "content": ""}])
+    return next((i for i, (a, b) in enumerate(zip(sys_tokens, prompt)) if a != b), 0)
+
+
+def text(tokens):
+    return " ".join(map(str, tokens))
+
+
+# (kind, payload, max_tokens): text prompts, and chats with and without a system prompt
+REQUESTS = [
+    ("text", [5, 6, 7, 8], 2),
+    ("text", [5, 6, 7, 8, 9], 1),
+    ("chat", [("system", [1, 2]), ("user", [3, 4])], 2),
+    ("chat", [("system", [1, 2]), ("user", [3, 9])], 1),
+    ("chat", [("user", [3, 4, 5])], 2),
+    ("text", [5, 6], 1),
+]
+
+
+@pytest.mark.parametrize("name,size,nbytes", [("qwen3next", 10, None), ("llama", 3, 6000)])
+def test_server_and_adapter_make_the_same_cache_calls(name, size, nbytes):
+    model = models.build(name)
+    provider = StubProvider(model, size, nbytes)
+    cache = RecordingCache(size)                           # as server.run builds it
+    rg = server.ResponseGenerator(provider, cache)
+    served = []
+    try:
+        for kind, payload, max_tokens in REQUESTS:
+            if kind == "text":
+                req = server.CompletionRequest("text", text(payload), [], None, None)
+                prompt, chat, sys_len = payload, False, 0
+            else:
+                msgs = [{"role": r, "content": text(c)} for r, c in payload]
+                req = server.CompletionRequest("chat", "", msgs, None, None)
+                prompt = StubTokenizer().apply_chat_template(msgs, add_generation_prompt=True)
+                chat = True
+                sys_len = system_end(msgs, prompt)
+            _, stream = rg.generate(req, args(max_tokens))
+            gen = [r.token for r in stream]
+            served.append((prompt, gen, chat, sys_len))
+    finally:
+        rg.stop_and_join()
+    driver = ServerDriver(name, size, nbytes)
+    for prompt, gen, chat, sys_len in served:
+        driver.request(prompt, gen, chat=chat, sys_len=sys_len)
+    assert driver.calls == cache.calls
+    kinds = {c[2] for c in cache.calls if c[0] == "insert"}
+    assert {"system", "user", "assistant"} <= kinds                 # every segment type was exercised
+    assert (nbytes is not None) == any(c[0] == "trim_to" for c in cache.calls)
