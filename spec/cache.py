@@ -136,7 +136,14 @@ class PrefixCache:
         if self.request is not None:
             raise ValueError("begin while a request is open: close it first")
         validate_request(tokens, media, vocab_size)
-        keys, spans = keys_of(tokens, media), noncausal_spans(media)
+        return self.begin_keys(keys_of(tokens, media), noncausal_spans(media))
+
+    def begin_keys(self, keys: tuple, spans: list) -> tuple:
+        """begin on a validated key stream and its non-causal spans (what a
+        target receives, spec.view.Op)."""
+        if self.request is not None:
+            raise ValueError("begin while a request is open: close it first")
+        keys, spans = tuple(keys), sorted(tuple(s) for s in spans)
         walked, matched = match(self.root, keys)
         if matched == len(keys):
             matched -= 1                          # leave the decode seed
