@@ -67,8 +67,8 @@ class Entry:
 class Result:
     prompt: tuple
     count: int                       # tokens the fetched cache covered
-    served: tuple | None             # key of the entry the fetch used (None: miss)
-    branch: str                      # exact | longer | shorter | miss
+    served: tuple | None             # key of the entry the fetch served tokens from (None: none)
+    branch: str                      # where mlx-lm's trie search pointed: exact | longer | shorter | miss
     logprobs: list = field(default_factory=list)   # the server's logprobs, one per generated token
     fetched: list | None = None      # a copy of the fetched caches (for the direct C1 check)
     crash: str | None = None
@@ -118,8 +118,24 @@ class ServerDriver:
                     stack.append((keys + (tok,), child))
         return out
 
-    def _served(self, prompt: list):
-        """Which entry fetch_nearest_cache will use, from the trie's own search (read-only)."""
+    def _served(self, prompt: list, count: int, before: dict, guess):
+        """The entry the fetch served `count` tokens from, judged from the outcome: an entry whose key
+        agrees with the prompt on [0, count) and that can stand at count (its own length, or longer and
+        trimmable). Unique in most cases; otherwise the one the trie's own search would pick (`guess`),
+        else the shortest. None when nothing was served."""
+        if count == 0:
+            return None
+        cands = [k for k, e in before.items() if len(k) >= count and k[:count] == tuple(prompt[:count])
+                 and (len(k) == count or e.trimmable)]
+        exact = [k for k in cands if len(k) == count]
+        if exact:
+            return exact[0]
+        if guess in cands:
+            return guess
+        return min(cands, key=len) if cands else None
+
+    def _search_guess(self, prompt: list):
+        """Which entry mlx-lm's trie search points the fetch at (read-only), and the branch."""
         from mlx_lm.models.cache import can_trim_prompt_cache
         r = self.lru._trie.search(MODEL_KEY, prompt)
         if r.exact is not None:
@@ -154,11 +170,12 @@ class ServerDriver:
         segments, types = segments_for(prompt, chat, sys_len)
         if self.observer:
             self.observer.before_fetch(self, prompt)
-        served, branch = self._served(prompt)
+        before = self.entries()
+        guess, branch = self._search_guess(prompt)
         self.calls.append(("fetch", tuple(prompt)))
         cache, rest = self.lru.fetch_nearest_cache(MODEL_KEY, prompt)
         count = len(prompt) - len(rest)
-        res = Result(tuple(prompt), count, served, branch,
+        res = Result(tuple(prompt), count, self._served(prompt, count, before, guess), branch,
                      fetched=None if cache is None else copy.deepcopy(cache))
         if self.observer:
             self.observer.after_fetch(self, res)

@@ -38,8 +38,16 @@ def finding_record(f: dict, version: str) -> dict:
 def save_finding(rec: dict, directory: Path = FINDINGS_DIR) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     p = directory / f"{rec['rule']}-{rec['cause']}.json"
-    p.write_text(json.dumps(rec, indent=1) + "\n")
+    p.write_text(dumps(rec))
     return p
+
+
+def dumps(rec: dict) -> str:
+    """JSON with one request per line (programs stay readable in a diff)."""
+    ops = rec["program"]["ops"]
+    body = {**rec, "program": {**rec["program"], "ops": "@OPS@"}}
+    text = json.dumps(body, indent=1)
+    return text.replace('"@OPS@"', "[\n   " + ",\n   ".join(json.dumps(op) for op in ops) + "\n  ]") + "\n"
 
 
 def write(out: Path, found: list, policy: dict, meta: dict, version: str) -> Path:
@@ -64,7 +72,7 @@ def write(out: Path, found: list, policy: dict, meta: dict, version: str) -> Pat
                      f"`{r['module']}.{r['function']}` line {r['line']}: `{r['quote']}` | {r['public_issue']} |")
     for r in recs:
         name = f"{r['rule']}-{r['cause']}"
-        (out / f"finding-{name}.json").write_text(json.dumps(r, indent=1) + "\n")
+        (out / f"finding-{name}.json").write_text(dumps(r))
         (out / f"repro-{name}.py").write_text(export(r, version))
         lines += ["", f"### {r['rule']} ({r['cause']})", "", r["message"], "", r["why"], "",
                   f"Shrunk program ({r['steps']} requests; [prompt, generated, chat, system length]), "
