@@ -72,6 +72,7 @@ class Result:
     logprobs: list = field(default_factory=list)   # the server's logprobs, one per generated token
     fetched: list | None = None      # a copy of the fetched caches (for the direct C1 check)
     crash: str | None = None
+    _pending: tuple | None = None    # (cache, segments, types) between fetch_only and finish
 
 
 class ServerDriver:
@@ -165,7 +166,10 @@ class ServerDriver:
 
     def request(self, prompt, gen, chat: bool = False, sys_len: int = 0) -> Result:
         """Serve one request: `prompt` tokens, then the generated tokens `gen` (forced, >= 1)."""
-        assert gen, "a request generates at least one token (max_tokens > 0)"
+        return self.finish(self.fetch_only(prompt, chat, sys_len), gen)
+
+    def fetch_only(self, prompt, chat: bool = False, sys_len: int = 0) -> Result:
+        """The request's first cache call, fetch_nearest_cache; `finish` does the rest."""
         prompt = list(prompt)
         segments, types = segments_for(prompt, chat, sys_len)
         if self.observer:
@@ -179,6 +183,15 @@ class ServerDriver:
                      fetched=None if cache is None else copy.deepcopy(cache))
         if self.observer:
             self.observer.after_fetch(self, res)
+        res._pending = (cache, segments, types)
+        return res
+
+    def finish(self, res: Result, gen) -> Result:
+        """insert_segments, trim_to and the generation loop with its inserts, as the server does."""
+        assert gen, "a request generates at least one token (max_tokens > 0)"
+        cache, segments, types = res._pending
+        res._pending = None
+        prompt, count = list(res.prompt), res.count
         n = count                                       # the server's segment cut
         while n > 0:
             if n >= len(segments[0]):
