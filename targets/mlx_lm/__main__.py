@@ -1,5 +1,6 @@
 """`./dev check-mlx-lm [--minutes N] [--report DIR] [--models a,b] [--lru MODULE:CLASS] [--save]`
-and `python -m targets.mlx_lm replay` (saved findings on the installed mlx-lm).
+`python -m targets.mlx_lm replay` (saved findings on the installed mlx-lm) and
+`python -m targets.mlx_lm render DIR` (report.md and scripts again from DIR/report.json).
 
 check: hunts distinct rule violations from scratch for N minutes (default 10), writes the report
 (report.md, report.json, a finding JSON and a standalone script per violation) to DIR (default
@@ -81,6 +82,14 @@ def replay(args) -> int:
     return status
 
 
+def render(args) -> int:
+    """Re-write report.md and the scripts of DIR from its report.json (on the installed mlx-lm)."""
+    from targets.mlx_lm import report
+    d = json.loads((Path(args.dir) / "report.json").read_text())
+    print(report.write(Path(args.dir), d["violations"], d["policy"], d["meta"], d["version"]))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="check-mlx-lm")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -91,8 +100,10 @@ def main(argv=None) -> int:
     c.add_argument("--lru", default="")
     c.add_argument("--save", action="store_true")
     sub.add_parser("replay")
+    r = sub.add_parser("render")
+    r.add_argument("dir")
     args = ap.parse_args(argv)
-    return check(args) if args.cmd == "check" else replay(args)
+    return {"check": check, "replay": replay, "render": render}[args.cmd](args)
 
 
 if __name__ == "__main__":
