@@ -7,13 +7,15 @@ own `BatchGenerator` and its own `make_prompt_cache`, in the order `ResponseGene
 Modules:
   models    small fixed-seed models of four mlx-lm architectures, built in memory; which server path
             (batched / sequential) each takes, by the server's own test
-  adapter   ServerDriver (the server's call sequence per request) and MlxLmTarget (the target
-            interface of targets/base.py, and the read-only view of the cache)
+  adapter   ServerDriver: the server's call sequence per request
+  target    MlxLmTarget: the same behind the target interface of targets/base.py
+  view      the cache's state as spec.view's read-only View
   rules     which rules apply (RULES, NOT_APPLICABLE), the C1 oracle, C2, E1, E3, A1, and the mlx-lm
             function each violation is attributed to
   machine   the Hypothesis machine, the search for distinct violations, programs and their replay
   export    a finding as a standalone script using mlx-lm's public API only
   report    the report (rule violations and policy differences kept apart)
+  __main__  ./dev check-mlx-lm (check), replay of saved findings, render
 """
 
 MLX_LM_RANGE = ">=0.32.2,<0.33"

@@ -9,8 +9,10 @@ Invariants:
   sequence (prompt + generated tokens) or of nothing, over a 6-token alphabet; so exact hits, strict
   prefixes, one-token entries and divergences inside entries are all reachable.
 - The machine fails on the first violation whose (rule, cause) is not in `known`; policy differences
-  never fail it. The failing run's program is kept in LAST (Hypothesis replays the shrunk example
-  last, so after a run LAST holds the shrunk program).
+  never fail it (they are tallied in POLICY). Hypothesis only generates (no example database, no
+  shrinking phase); the first failing program, kept in LAST, is shrunk by `shrink` -- delta debugging
+  over requests and tokens, each candidate replayed with only that rule enabled -- because replays
+  with real forwards make Hypothesis's own shrinking of a stateful run take minutes.
 - Nothing is served after a crash (the server's generation thread is dead).
 """
 from __future__ import annotations
