@@ -378,8 +378,25 @@ func (h *harness) view() map[string]any {
 		if chunks == nil {
 			chunks = [][2]int{}
 		}
+		pending := []int{}
+		for _, f := range h.fakes {
+			var caps []cache.Snapshot
+			switch c := f.(type) {
+			case *fakeRewindableCache:
+				caps = c.pending.captured
+			case *fakeSlidingWindowCache:
+				caps = c.pending.captured
+			case *fakeRecurrentCache:
+				caps = c.pending.captured
+			}
+			for _, s := range caps {
+				if fs, ok := s.(*fakeSnapshot); ok && fs != nil {
+					pending = append(pending, ident[fs])
+				}
+			}
+		}
 		req = map[string]any{"keys": h.keys, "spans": spans, "matched": h.matched, "resume": h.resume,
-			"schedule": sched, "chunks": chunks, "prefilled": h.prefilled}
+			"schedule": sched, "chunks": chunks, "prefilled": h.prefilled, "pending": pending}
 	}
 	seq := h.seq
 	if seq == nil {
@@ -402,7 +419,11 @@ func (h *harness) answer(line []byte) (out map[string]any) {
 	}
 	h.merges = nil
 	outcome := h.do(op)
-	return map[string]any{"ok": true, "outcome": outcome, "merges": h.merges, "view": h.view()}
+	merges := h.merges
+	if merges == nil {
+		merges = []hMerge{}
+	}
+	return map[string]any{"ok": true, "outcome": outcome, "merges": merges, "view": h.view()}
 }
 
 // TestPrefixHarness serves the protocol when PREFIX_HARNESS=1; otherwise it skips.
