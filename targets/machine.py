@@ -142,19 +142,19 @@ class TargetMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def begin(self, data):
         kind = data.draw(st.sampled_from(["fresh", "extend", "prefix", "same"] if self.streams else ["fresh"]))
-        base = list(data.draw(st.sampled_from(self.streams))) if self.streams else []
-        if kind == "prefix" and base:
+        _, base, media = data.draw(st.sampled_from(self.streams)) if self.streams and kind != "fresh" else ((), (), ())
+        if kind == "prefix":
             base = base[:data.draw(st.integers(1, len(base)))]
-        elif kind == "fresh":
-            base = []
+        media = [m for m in media if m.end <= len(base)]          # a stored item comes whole or not at all
         tail = data.draw(st.lists(TOK, min_size=0 if base else 1, max_size=8))
-        tokens = [t if t < 1 << 31 else 0 for t in base] + tail
-        media = []
-        if data.draw(st.booleans()) and len(tokens) >= 4:
-            p = data.draw(st.integers(0, len(tokens) - 3))
+        tokens = list(base) + tail
+        if data.draw(st.booleans()) and len(tokens) - len(base) >= 4:
+            p = data.draw(st.integers(len(base), len(tokens) - 3))
             e = data.draw(st.integers(p + 1, len(tokens) - 2))
-            media = [MediaItem(p, e - p, data=bytes([data.draw(st.integers(0, 2))]),
-                               causal=data.draw(st.sampled_from([False, False, True])))]
+            tokens[p:e] = [0] * (e - p)
+            media.append(MediaItem(p, e - p, data=bytes([data.draw(st.integers(0, 2))]),
+                                   causal=data.draw(st.sampled_from([False, False, True]))))
+        self.tokens, self.media = list(tokens), media
         keys = keys_of(tokens, media)
         spans = noncausal_spans(media)
         self.open, self.prefilled, self.seeded, self.keys = True, False, False, keys
@@ -178,10 +178,12 @@ class TargetMachine(RuleBasedStateMachine):
         the next `follow` keys of a stored stream this one is a prefix of (a
         response that repeats, or stops short of, an earlier one)."""
         seq = tuple(self.spec.seq) + (() if self.seeded else (self.spec.request.keys[-1],))
-        known = [s for s in self.streams if len(s) > len(seq) and s[:len(seq)] == seq]
+        known = [k for k, _, _ in self.streams if len(k) > len(seq) and k[:len(seq)] == seq]
         again = list(known[-1][len(seq):len(seq) + follow]) if known and follow else []
-        keys = ([] if self.seeded else [self.keys[-1]]) + [k if k < 1 << 31 else 0 for k in again] + gen
+        again = [k if k < 1 << 31 else 0 for k in again]
+        keys = ([] if self.seeded else [self.keys[-1]]) + again + gen
         self.seeded = True
+        self.tokens += again + gen
         for k in keys:
             self.run(dict(op="step", key=k), lambda: self.target.step(k), lambda: self.spec.step(k))
 
@@ -190,7 +192,9 @@ class TargetMachine(RuleBasedStateMachine):
     def close(self):
         self.run(dict(op="close"), self.target.close, self.spec.close)
         self.open = self.prefilled = False
-        self.streams.append(tuple(self.spec.seq)) if self.spec.seq else None
+        n = len(self.spec.seq)
+        if n:
+            self.streams.append((tuple(self.spec.seq), tuple(self.tokens[:n]), [m for m in self.media if m.end <= n]))
         self.streams = self.streams[-4:]
 
     @rule(budget=st.sampled_from([0, 64, 160, 400, 1 << 40]))
