@@ -67,7 +67,7 @@ class Entry:
 class Result:
     prompt: tuple
     count: int                       # tokens the fetched cache covered
-    served: tuple | None             # key of the entry the fetch served tokens from (None: none)
+    served: tuple                    # keys of the entries the fetch may have served from (one when known)
     branch: str                      # where mlx-lm's trie search pointed: exact | longer | shorter | miss
     logprobs: list = field(default_factory=list)   # the server's logprobs, one per generated token
     fetched: list | None = None      # a copy of the fetched caches (for the direct C1 check)
@@ -119,24 +119,20 @@ class ServerDriver:
                     stack.append((keys + (tok,), child))
         return out
 
-    def _served(self, prompt: list, count: int, before: dict, guess):
-        """The entry the fetch served `count` tokens from, judged from the outcome: an entry whose key
-        agrees with the prompt on [0, count) and that can stand at count (its own length, or longer and
-        trimmable). Unique in most cases; otherwise the one the trie's own search would pick (`guess`),
-        else the shortest. None when nothing was served."""
+    def _served(self, prompt: list, count: int, before: dict) -> tuple:
+        """The entries the fetch may have served `count` tokens from, judged from the outcome alone (so
+        any implementation is judged alike): keys that agree with the prompt on [0, count) and can stand
+        at count (their own length, or longer and trimmable). An entry of length exactly `count` is the
+        one served; otherwise several may be candidates. () when nothing was served."""
         if count == 0:
-            return None
+            return ()
         cands = [k for k, e in before.items() if len(k) >= count and k[:count] == tuple(prompt[:count])
                  and (len(k) == count or e.trimmable)]
         exact = [k for k in cands if len(k) == count]
-        if exact:
-            return exact[0]
-        if guess in cands:
-            return guess
-        return min(cands, key=len) if cands else None
+        return tuple(exact[:1] or sorted(cands))
 
     def _search_guess(self, prompt: list):
-        """Which entry mlx-lm's trie search points the fetch at (read-only), and the branch."""
+        """Which entry mlx-lm's trie search points the fetch at (read-only), and the branch (report only)."""
         from mlx_lm.models.cache import can_trim_prompt_cache
         r = self.lru._trie.search(MODEL_KEY, prompt)
         if r.exact is not None:
@@ -179,7 +175,7 @@ class ServerDriver:
         self.calls.append(("fetch", tuple(prompt)))
         cache, rest = self.lru.fetch_nearest_cache(MODEL_KEY, prompt)
         count = len(prompt) - len(rest)
-        res = Result(tuple(prompt), count, self._served(prompt, count, before, guess), branch,
+        res = Result(tuple(prompt), count, self._served(prompt, count, before), branch,
                      fetched=None if cache is None else copy.deepcopy(cache))
         if self.observer:
             self.observer.after_fetch(self, res)

@@ -149,26 +149,35 @@ def after_request(prompt, gen, logprobs):
     assert lru.nbytes <= LIMIT, f"E1: {lru.nbytes} bytes held at rest; --prompt-cache-bytes {LIMIT}"
 ''',
     "E3": '''
+maybe_used = {}                        # key -> clock of its last possible use (ambiguous fetches too)
+
+
 def after_fetch(prompt, count, before):
-    """A fetch that serves tokens from an entry uses it."""
+    """A fetch that serves tokens from an entry uses it. The entry is the one of length `count`, or
+    else one that agrees with the prompt on [0, count) and can be trimmed there (certain when unique)."""
     if count == 0:
         return
-    served = [k for k in before if k[:count] == tuple(prompt[:count]) and len(k) >= count]
-    exact = [k for k in served if len(k) == count]
-    for k in (exact or sorted(served, key=len)[:1]):
-        last_used[k] = clock[0]
+    cands = [k for k in before if len(k) >= count and k[:count] == tuple(prompt[:count])
+             and (len(k) == count or can_trim_prompt_cache(inserted[k][0]))]
+    exact = [k for k in cands if len(k) == count]
+    cands = exact[:1] or cands
+    for k in cands:
+        maybe_used[k] = clock[0]
+    if len(cands) == 1:
+        last_used[cands[0]] = clock[0]
 
 
 def after_change(before, new):
-    """E3: no entry goes while an entry of its own segment type, used less recently, stays."""
+    """E3: no entry goes while an entry of its own segment type, certainly used less recently, stays."""
     after = stored()
     gone = before - after
     if new is not None and new in after and can_trim_prompt_cache(inserted[new][0]):
         gone = {k for k in gone if not (len(k) < len(new) and new[:len(k)] == k)}   # prefixes dropped
+    hi = lambda k: max(last_used[k], maybe_used.get(k, 0))
     for g in gone:
-        older = [s for s in after - {new} if inserted[s][1] == inserted[g][1] and last_used[s] < last_used[g]]
+        older = [s for s in after - {new} if inserted[s][1] == inserted[g][1] and hi(s) < last_used[g]]
         assert not older, (f"E3: evicted {list(g)} (last used {last_used[g]}) before {list(older[0])} "
-                           f"(last used {last_used[older[0]]}), both {inserted[g][1]}")
+                           f"(last used {hi(older[0])}), both {inserted[g][1]}")
 
 
 def after_request(prompt, gen, logprobs):

@@ -164,7 +164,8 @@ class Checker:
         self.enabled = set(RULES if enabled is None else enabled)
         self.findings: list = []
         self.clock = 0
-        self.last_used: dict = {}
+        self.last_used: dict = {}     # key -> clock of its last certain use (insert, or the one entry served)
+        self.maybe_used: dict = {}    # key -> clock of its last possible use (also ambiguous fetches)
         self.step = -1
         self._before = {}
 
@@ -197,8 +198,10 @@ class Checker:
             if count == r and count < match:
                 self._add("C2", "resume-behind-match", "policy",
                           f"resumed at {count} of a {match}-token match: no entry it can serve there")
-        if res.served is not None and res.count > 0:
-            self.last_used[res.served] = self.clock            # a fetch that serves tokens uses the entry
+        for k in res.served:                                   # a fetch that serves tokens uses the entry
+            self.maybe_used[k] = self.clock
+        if len(res.served) == 1:
+            self.last_used[res.served[0]] = self.clock
 
     # ------------------------------------------------------------ E3
     def _evictions(self, d, before, inserted=None, inserted_type=None):
@@ -214,8 +217,11 @@ class Checker:
         if inserted is not None:
             types[inserted] = inserted_type
         survivors = [k for k in after if k != inserted]
+        hi = lambda k: max(self.maybe_used.get(k, 0), self.last_used.get(k, 0))
         for g in sorted(gone, key=lambda k: self.last_used.get(k, 0)):
-            older = [s for s in survivors if self.last_used.get(s, 0) < self.last_used.get(g, 0)]
+            # s was certainly used less recently than g was certainly used (sound when a fetch could
+            # have served from several entries: no resolution of that ambiguity clears it)
+            older = [s for s in survivors if hi(s) < self.last_used.get(g, 0)]
             same = [s for s in older if types[s] == types[g]]
             if same:
                 s = min(same, key=lambda k: self.last_used.get(k, 0))
@@ -229,10 +235,11 @@ class Checker:
                           f"before {types[s]} entry of {len(s)} tokens (last used at {self.last_used.get(s)})")
         for k in set(before) - set(after):
             self.last_used.pop(k, None)
+            self.maybe_used.pop(k, None)
 
     def after_insert(self, d, before, key, cache_type):
         self.clock += 1
-        self.last_used[key] = self.clock
+        self.last_used[key] = self.maybe_used[key] = self.clock
         self._evictions(d, before, key, cache_type)
 
     def after_trim(self, d, before):
