@@ -3,7 +3,7 @@
 `python -m targets.mlx_lm render DIR` (report.md and scripts again from DIR/report.json).
 
 check: hunts distinct rule violations from scratch for N minutes (default 10), writes the report
-(report.md, report.json, a finding JSON and a standalone script per violation) to DIR (default
+(report.md, report.json, programs/<RULE>-<cause>.json and _repro.py per violation) to DIR (default
 reports/mlx-lm); --save also stores the findings in targets/mlx_lm/findings/. --lru runs against
 another LRUPromptCache class (a hand-fixed copy, to show the adapter raises no false alarms).
 Exit status: 0 whatever is found (findings are the product); 2 on bad arguments.

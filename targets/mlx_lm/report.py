@@ -1,7 +1,9 @@
 """The mlx-lm target's report: rule violations and policy differences kept apart.
 
-Writes, under the report directory: report.md (the tables), report.json (every figure), one
-finding-<rule>-<cause>.json and one repro-<rule>-<cause>.py (the standalone script) per violation.
+Writes, under the report directory (the layout of targets/report.py, the Ollama command's):
+report.md (the tables), report.json (every figure), and per violation programs/<RULE>-<cause>.json
+(the finding with its shrunk program, replayable) and programs/<RULE>-<cause>_repro.py (the
+standalone script).
 Invariants: a violation row names the mlx-lm version, the function responsible with its line as
 installed, the shrunk program's length and the seconds to first detection; whether a public issue
 reports it comes from ISSUES (searched on ml-explore/mlx-lm's tracker, 2026-12-03) and says so.
@@ -75,13 +77,14 @@ def write(out: Path, found: list, policy: dict, meta: dict, version: str) -> Pat
                      f"`{r['module']}.{r['function']}` line {r['line']}: `{r['quote']}` | {r['public_issue']} |")
     for r in recs:
         name = f"{r['rule']}-{r['cause']}"
-        (out / f"finding-{name}.json").write_text(dumps(r))
-        (out / f"repro-{name}.py").write_text(export(r, version))
+        (out / "programs").mkdir(exist_ok=True)
+        (out / "programs" / f"{name}.json").write_text(dumps(r))
+        (out / "programs" / f"{name}_repro.py").write_text(export(r, version))
         lines += ["", f"### {r['rule']} ({r['cause']})", "", r["message"], "", r["why"], "",
                   f"Shrunk program ({r['steps']} requests; [prompt, generated, chat, system length]), "
                   f"flags --prompt-cache-size {r['program']['prompt_cache_size']} --prompt-cache-bytes "
                   f"{r['program']['prompt_cache_bytes']}:", "", "```", json.dumps(r["program"]["ops"]), "```",
-                  f"Standalone script: `repro-{name}.py`."]
+                  f"Replayable: `programs/{name}.json`; standalone script: `programs/{name}_repro.py`."]
     lines += ["", "## Policy differences (no rule broken)", "",
               "| kind | count | first example |", "|---|---|---|"]
     for kind, (n, example) in sorted(policy.items()):
