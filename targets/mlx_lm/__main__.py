@@ -1,11 +1,12 @@
-"""`./dev check-mlx-lm [--minutes N] [--report DIR] [--models a,b] [--lru MODULE:CLASS] [--save]`
+"""`./dev check-mlx-lm [--minutes N] [--report DIR] [--models a,b] [--lru FILE.py:FACTORY] [--save]`
 `python -m targets.mlx_lm replay` (saved findings on the installed mlx-lm) and
 `python -m targets.mlx_lm render DIR` (report.md and scripts again from DIR/report.json).
 
 check: hunts distinct rule violations from scratch for N minutes (default 10), writes the report
 (report.md, report.json, programs/<RULE>-<cause>.json and _repro.py per violation) to DIR (default
 reports/mlx-lm); --save also stores the findings in targets/mlx_lm/findings/. --lru runs against
-another LRUPromptCache class (a hand-fixed copy, to show the adapter raises no false alarms).
+another cache: FACTORY(prompt_cache_size, prompt_cache_bytes) stands for server.run's construction
+(a hand-fixed copy, to show the adapter raises no false alarms).
 Exit status: 0 whatever is found (findings are the product); 2 on bad arguments.
 replay: every saved finding; "reproduces" on the pinned version, "fixed upstream in X" when a newer
 mlx-lm no longer shows it; exit 1 only when a finding stops reproducing on the version it was found on.

@@ -224,7 +224,8 @@ def search(models, minutes: float, known=frozenset(), log=print, lru_class=None)
         m = models[i % len(models)]
         i += 1
         t = time.perf_counter()
-        got = hunt(m, frozenset(known), lru_class=lru_class)
+        got = hunt(m, frozenset(known), lru_class=lru_class,     # a fresh random seed per hunt
+                   hyp_settings=settings(max_examples=150, stateful_step_count=12, derandomize=False))
         if got is None:
             log(f"[{time.perf_counter() - start:6.1f}s] {m}: nothing new in {time.perf_counter() - t:.1f}s")
             continue
