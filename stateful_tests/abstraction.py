@@ -61,3 +61,21 @@ def canon(pc) -> dict:
             "evictions": pc.evictions,
             "path": tuple(n.end for n in pc.path), "tree": node(pc.root), "live": tuple(pc.live),
             "request": None if r is None else (r.matched, r.resume, tuple(r.chunks), r.prefilled)}
+
+
+def first_difference(a, b, path="tree"):
+    """Where two canon trees (spec's `a`, impl's `b`) first differ, as a readable string."""
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and len(a) == 6 \
+            and isinstance(a[0], int) and isinstance(b[0], int):
+        here = f"{path}/[{a[0]},{a[0] + len(a[1])})"
+        names = ("start", "edge", "user", "last_used", "snapshots", "children")
+        for name, x, y in zip(names, a, b):
+            if name == "children":
+                if len(x) != len(y):
+                    return f"{here} children: spec {[c[:2] for c in x]}, impl {[c[:2] for c in y]}"
+                for cx, cy in zip(x, y):
+                    if cx != cy:
+                        return first_difference(cx, cy, here)
+            elif x != y:
+                return f"{here} {name}: spec {x!r}, impl {y!r}"
+    return f"{path}: spec {a!r}, impl {b!r}"

@@ -1,199 +1,68 @@
 """Conformance state machines: impl's PrefixCache, driven on tracer caches,
 against spec's PrefixCache, one operation at a time (issue 6).
 
-Every rule performs the same operation on both sides:
+Every rule performs the same operations on both sides, each through
+`ConformanceMachine.operation`, the one place where the views before and
+after an operation are taken and the operation rules judge them:
 
     spec                                  impl (on stateful_tests.tracer caches)
-    begin(tokens, media)                  begin(keys_of(tokens, media), noncausal_spans(media))
+    begin(tokens, media)                  begin(prompt_keys(tokens, media), spans(media))  (impl.media)
     prefill(max_chunks=1)                 next_chunk(chunk) -> forward -> evaluated(keys) [-> prefilled()]
     step(key)                             forward [key] -> evaluated([key])
     close()                               close()        (mid-prefill: a cancellation)
     set_budget(b)                         set_budget(b)
 
-and after every step the invariants check, in this order (Hypothesis runs
-invariants in name order, so the names carry the order):
-
-    c1_live_equals_cold_prefill   C1: each layer's decoded live content is a cold
-                                  prefill of the evaluated keys (impl and spec)
-    impl_own_invariants           impl.invariants.violations(impl) is empty
-    rules_hold_on_impl            spec.rules.check(abstract(impl)) is empty
-    rules_hold_on_spec            spec.rules.check(spec) is empty
-    spec_equals_impl              canon(abstract(impl)) == canon(spec), field by
-                                  field (tree, live content, path, counter, clock,
-                                  evictions…)
-
-then the checks of what impl reports to people (after the rules, so that a
-broken rule is reported as such):
-
-    tooling_bookkeeping_time_is_measured    bookkeeping_s starts at 0, never
-                                            decreases, grows by at most the wall
-                                            time passed
-    tooling_close_reports_the_spec_figures  the Stats of the request closed last
-                                            (total, matched, resumed, prefilled,
-                                            captures, evictions) are the spec's
-    tooling_dumps_describe_the_spec_trie    dump() and dump_json() show the spec's
-                                            trie node for node
+After every rule the one invariant, `checks`, runs the checks of CHECKS in
+that order (the order is ours, not Hypothesis's): C1 on both sides, impl's
+own checked rules, spec.rules on the abstraction of impl and on the spec,
+conformance field by field, then what impl reports to people
+(stateful_tests.checks), so a broken rule is reported as such first.
+E2 is also checked where protection is decided: every victim impl's
+eviction picks is judged before it is removed (`_victim_chosen`).
 
 A failure prints the steps as a runnable program (Hypothesis does this for
 state machines); the arguments are plain lists, ints, and `Media(...)`
-values, so the program pastes into a test as is (see test_conformance.py for
-a kept example).
+values, so the program pastes into a test as is (see test_conformance.py).
 
-Layer mixes are one machine class each (`MACHINES`); the capture interval,
-near-end distance, chunk size and budget are drawn in `configure`.
+Layer mixes are one machine class each (`MACHINES`); chunk size, capture
+interval, near-end distance, budget and clock resolution are drawn in
+`configure`. docs/stateful_tests.md has the tables.
 """
 from __future__ import annotations
 
-import re
+import contextlib
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from impl.invariants import violations as impl_violations
+import impl.media
+import spec.rules
 from impl.prefix_cache import PrefixCache as ImplCache
+from impl.trie import walk as impl_walk
 from spec.cache import PrefixCache as SpecCache
-from spec.media import TOKEN_LIMIT, MediaItem, keys_of, noncausal_spans
-from spec.rules import c1_cold_equivalence, check
-from spec.trie import Layer, match
-from stateful_tests.abstraction import abstract, canon, snap_bytes
+from spec.media import TOKEN_LIMIT, keys_of
+from spec.trie import match
+from spec.view import Op, freeze
+from stateful_tests.abstraction import abstract
+from stateful_tests.requests import (BUDGETS, CHUNKS, CLOCKS, INTERVALS, MIXES, NEAR_ENDS, PLACEHOLDER, VOCAB,
+                                     BytesOnlyItem, Conv, Media, Open, compose, impl_item, kv, media_st,
+                                     nonempty_text_st, recurrent, text_st, windowed)
+from stateful_tests.checks import RuleChecks, ToolingChecks
 from stateful_tests.tracer import Tracer
 
-# Byte costs of the tracer's layers (stateful_tests/tracer.py): a KV or windowed row is
-# [code, pos] float32 for K and for V = 16 bytes per position; a recurrent state is 3 x uint32.
-ROW, STATE = 16, 12
+__all__ = ["ConformanceMachine", "INVARIANTS", "MACHINES", "MIXES", "Media", "kv", "machine_for", "recurrent",
+           "windowed"]
 
-
-def kv() -> Layer:
-    return Layer("kv", ROW)
-
-
-def windowed(w: int) -> Layer:
-    return Layer("windowed", ROW, window=w)
-
-
-def recurrent() -> Layer:
-    return Layer("recurrent", STATE)
-
-
-NONE = Layer(None)
-
-# name -> layer stack. Stateless layers (Layer(None)) sit between stateful ones.
-MIXES = {
-    "kv": (kv(),),
-    "kv_kv": (kv(), NONE, kv()),
-    "kv_recurrent": (NONE, kv(), NONE, recurrent()),
-    "recurrent": (recurrent(),),
-    "kv_windowed": (kv(), windowed(5)),
-    "windowed": (NONE, windowed(4)),
-    "hybrid": (kv(), windowed(6), NONE, recurrent()),
-}
-
-VOCAB = 4              # token ids 1..VOCAB: a tiny vocabulary, so prefixes are shared everywhere
-PLACEHOLDER = 0        # the token id under a media item's run (keys_of replaces it by the fold)
-CHUNKS = (1, 2, 3, 5, 8)
-INTERVALS = (0, 1, 2, 3, 4, 6, 10)
-NEAR_ENDS = (0, 2, 4)
-BUDGETS = (0, 60, 150, 400, 1 << 40)   # bytes; a 10-token KV edge is 160 B
-
-
-@dataclass(frozen=True)
-class Media:
-    """A media item placed relative to the new text of a prompt: it starts
-    `at` keys into the new text, runs `length` keys (clipped to the prompt;
-    a non-causal item never covers the prompt's last key, the decode seed,
-    which spec.media.validate_request forbids), and folds `data`."""
-    at: int
-    length: int
-    data: bytes
-    causal: bool
-
-
-@dataclass(frozen=True)
-class Conv:
-    """A conversation so far: its transcript (the last prompt followed by the
-    response), the media items of that prompt, where the prompt ends, and the
-    ends of its turns (every turn's transcript is a prefix of this one)."""
-    tokens: tuple
-    media: tuple
-    prompt_len: int
-    turns: tuple
-
-    def prefix(self, n: int) -> tuple:
-        """The first n tokens and the media items that lie inside them."""
-        return self.tokens[:n], tuple(m for m in self.media if m.end <= n)
-
-    def __repr__(self) -> str:
-        return f"Conv({len(self.tokens)} tokens, prompt {self.prompt_len}, turns {self.turns})"
-
-
-@dataclass
-class Open:
-    """The open request: its prompt and what decoding has produced so far."""
-    tokens: tuple
-    media: tuple
-    keys: tuple
-    spans: list
-    turns: tuple
-    produced: list = field(default_factory=list)
-    prefilled: bool = False
-    evictions: int = 0         # the spec's eviction count before begin
-
-
-def compose(base_tokens, base_media, text, media) -> tuple:
-    """The prompt base + text, with `media` placed inside the new text."""
-    tokens = list(base_tokens) + list(text)
-    if not tokens:
-        tokens = [1]
-    items = list(base_media)
-    for m in sorted(media, key=lambda m: m.at):
-        pos = len(base_tokens) + m.at
-        room = len(tokens) - pos - (0 if m.causal else 1)
-        length = min(m.length, room)
-        if length < 1 or any(pos < it.end and it.pos < pos + length for it in items):
-            continue
-        items.append(MediaItem(pos=pos, length=length, data=m.data, causal=m.causal))
-    for it in items:
-        tokens[it.pos:it.end] = [PLACEHOLDER] * it.length
-    # a shortened prompt may leave a non-causal item covering its last key (the decode seed)
-    items = [it for it in items if it.causal or it.end < len(tokens)]
-    return tuple(tokens), tuple(sorted(items, key=lambda it: it.pos))
-
-
-# ------------------------------------------------------------- strategies
-text_st = st.lists(st.integers(1, VOCAB), max_size=8)
-nonempty_text_st = st.lists(st.integers(1, VOCAB), min_size=1, max_size=12)
-media_st = st.lists(st.builds(Media, at=st.integers(0, 8), length=st.integers(1, 5),
-                              data=st.sampled_from([b"a", b"b"]), causal=st.booleans()), max_size=3)
-
-STATS = {"steps": 0, "seconds": 0.0, "runs": 0}
-
-
-def _first_difference(a, b, path="tree"):
-    """Where two canon trees first differ, as a readable string."""
-    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and len(a) == 6 \
-            and isinstance(a[0], int) and isinstance(b[0], int):
-        here = f"{path}/[{a[0]},{a[0] + len(a[1])})"
-        names = ("start", "edge", "user", "last_used", "snapshots", "children")
-        for name, x, y in zip(names, a, b):
-            if name == "children":
-                if len(x) != len(y):
-                    return f"{here} children: spec {[c[:2] for c in x]}, impl {[c[:2] for c in y]}"
-                for cx, cy in zip(x, y):
-                    if cx != cy:
-                        return _first_difference(cx, cy, here)
-            elif x != y:
-                return f"{here} {name}: spec {x!r}, impl {y!r}"
-    return f"{path}: spec {a!r}, impl {b!r}"
-
-
-class ConformanceMachine(RuleBasedStateMachine):
+class ConformanceMachine(RuleChecks, ToolingChecks, RuleBasedStateMachine):
     """impl and spec, side by side. Subclasses fix LAYERS (one per mix)."""
 
     LAYERS: tuple = MIXES["kv"]
     IMPL_CHECK = True          # impl's own checked assertions inside operations (RuleViolation)
+    # The checks the one invariant runs, in this order.
+    CHECKS = ("c1_live_equals_cold_prefill", "impl_own_invariants", "rules_hold_on_impl", "rules_hold_on_spec",
+              "spec_equals_impl", "tooling_bookkeeping_time_is_measured", "tooling_close_reports_the_spec_figures",
+              "tooling_dumps_describe_the_spec_trie")
     conversations = Bundle("conversations")
 
     def __init__(self):
@@ -201,33 +70,33 @@ class ConformanceMachine(RuleBasedStateMachine):
         self.sp = self.ip = self.tracer = None
         self.req: Open | None = None
         self._abs = None
+        self._before = None           # (spec view, impl view) after the last operation
+        self._impl_victims = []       # key paths of the nodes impl's eviction chose, in order
         self._closed_stats = None     # (impl's, spec's) figures of the request closed last
-        self._t0 = time.perf_counter()
         self.steps = 0
 
     # ------------------------------------------------------------ set-up
     @initialize(chunk=st.sampled_from(CHUNKS), interval=st.sampled_from(INTERVALS),
-                near_end=st.sampled_from(NEAR_ENDS), budget=st.sampled_from(BUDGETS))
-    def configure(self, chunk, interval, near_end, budget):
+                near_end=st.sampled_from(NEAR_ENDS), budget=st.sampled_from(BUDGETS), clock=st.sampled_from(CLOCKS))
+    def configure(self, chunk, interval, near_end, budget, clock="touch"):
         """One model (this class's layer mix) with its live caches, both sides
         empty; captures every `interval` keys and `near_end` before a prompt's
-        end (section 2, step 2); prefill chunks of `chunk` keys."""
-        self.chunk = chunk
+        end (section 2, step 2); prefill chunks of `chunk` keys. `clock`
+        "operation": the clock ticks once per operation (a coarse wall clock,
+        as last-used times are in a real server), so the nodes one operation
+        touches tie and eviction breaks the ties (E3: deeper, then larger)."""
+        self.chunk, self.clock_mode = chunk, clock
         self._bookkeeping = (0.0, time.perf_counter())
         self._born = time.monotonic()                # node ages in the dumps are at most this old
         self.sp = SpecCache(self.LAYERS, budget=budget, interval=interval, near_end=near_end, chunk=chunk)
         self.tracer = Tracer(self.LAYERS)
         self.ip = ImplCache(self.tracer.caches, budget=budget, interval=interval, near_end=near_end,
                             check=self.IMPL_CHECK)
-
-    def _stepped(self):
-        self._abs = None
-        self.steps += 1
-        STATS["steps"] += 1
+        choose, compact = self.ip._victim, self.ip._compact    # judged where impl decides (see below)
+        self.ip._victim = lambda: self._victim_chosen(choose())
+        self.ip._compact = lambda: (self._before_compaction(), compact())
 
     def teardown(self):
-        STATS["runs"] += 1
-        STATS["seconds"] += time.perf_counter() - self._t0
         type(self).last_run_steps = self.steps
 
     # ----------------------------------------------------- preconditions
@@ -240,15 +109,95 @@ class ConformanceMachine(RuleBasedStateMachine):
     def decoding(self):
         return self.req is not None and self.req.prefilled
 
+    # ------------------------------------------- one operation, both sides
+    @contextlib.contextmanager
+    def operation(self, name: str, *args):
+        """One operation of the alphabet (spec.view.Op) on both sides, run by
+        the body. The one place where the views before it are taken, and
+        after it the operation rules (spec.rules.check_step) judge spec and
+        the abstraction of impl with the victims each side evicted. Yields a
+        dict the body sets each side's outcome in (begin's (matched, resume)):
+        "spec" and "impl"."""
+        if self._before is None:
+            self._before = (self.sp.view(), self.abstraction().view())
+        sv, iv = len(self.sp.victims), len(self._impl_victims)
+        ticks = (self.sp.clock, self.ip.clock)
+        result = {"spec": None, "impl": None}
+        yield result
+        self._abs = None
+        self.steps += 1
+        if self.clock_mode == "operation":
+            self._one_tick(ticks)
+        gone = (self.sp.victims[sv:], self._impl_victims[iv:])
+        assert gone[0] == gone[1], f"conformance mismatch in 'victims' of {name} (the nodes evicted, in " \
+            f"order, as key paths: E2 protection, E3 order): spec {gone[0]}, impl {gone[1]}"
+        after = (self.sp.view(), self.abstraction().view())
+        if hasattr(spec.rules, "check_step"):
+            for side, before, now, evicted, outcome in (
+                    ("the spec", self._before[0], after[0], gone[0], result["spec"]),
+                    ("impl (abstracted)", self._before[1], after[1], gone[1], result["impl"])):
+                op = Op(name, tuple(args), outcome, tuple(evicted))
+                v = spec.rules.check_step(before, op, now)
+                assert not v, f"operation rules violated by {side} in {name}{tuple(args)!r}: " + \
+                    "; ".join(map(str, v))
+        self._before = after
+
+    def _one_tick(self, ticks: tuple) -> None:
+        """A clock that ticked once during the operation: every node touched
+        in it (last used after the clock before it) gets the same time; each
+        side from its own clock (a side that touched nothing keeps its clock)."""
+        for nodes, cache, t in ((self.sp.store.nodes(), self.sp, ticks[0]),
+                                (impl_walk(self.ip.root), self.ip, ticks[1])):
+            for n in nodes:
+                if n.last_used > t:
+                    n.last_used = t + 1
+            cache.clock = min(cache.clock, t + 1)
+
+    def _impl_view(self):
+        """impl's trie as the rules' view, mid-operation (no contents)."""
+        ip = self.ip
+        return freeze(ip.root, ip.path, layers=self.LAYERS, offset=len(ip.seq), seq=ip.seq,
+                      live=[None] * len(self.LAYERS), counter=ip.counter, budget=ip.budget, clock=ip.clock,
+                      snaps_of=lambda n: [(i, s) for i, s in enumerate(n.snaps) if s is not None])
+
+    def _before_compaction(self):
+        """S1, judged before impl compacts (after each capture attach puts on a
+        node, after page-out, after a leaf eviction): every KV snapshot spans
+        its node's edge, before a merge could concatenate a misplaced one."""
+        v = spec.rules.check(self._impl_view(), rules={"S1"})
+        assert not v, "S1 violated by impl before compaction: " + "; ".join(map(str, v))
+
+    def _victim_chosen(self, victim):
+        """E2, judged where impl decides protection: the victim its eviction
+        chose must be one the rule lets go (not the root, the frontier or a
+        branch point), before it is merged or removed."""
+        if victim is None:
+            return None
+        keys = victim.path_keys()
+        v = self._impl_view()
+        node = v.node(keys)
+        assert spec.rules.e2_evictable(v, node), \
+            f"E2 violated by impl: eviction chose {node}, which is protected (root, frontier or branch point)"
+        self._impl_victims.append(keys)
+        return victim
+
     # ------------------------------------------------- begin: the prompts
     def _begin(self, base: tuple, base_media: tuple, text, media, turns) -> None:
-        """Section 2, step 1 (T3, M3, P1, E5): both sides begin the same prompt;
-        they must agree on (matched, resume) and on the capture schedule (M2)."""
+        """Section 2, step 1 (T3, M3, P1, E5): both sides begin the same prompt,
+        impl with the keys and spans impl's own media code makes (section 1:
+        folds); they must agree on the keys, on (matched, resume) and on the
+        capture schedule (M2)."""
         tokens, items = compose(base, base_media, text, media)
-        keys, spans = keys_of(tokens, items), noncausal_spans(items)
+        mine = impl.media.check_media([impl_item(it) for it in items], len(tokens))
+        keys, spans = impl.media.prompt_keys(tokens, mine), impl.media.spans(mine)
+        want = keys_of(tokens, items)
+        assert keys == want, "conformance mismatch in 'keys' (section 1, media folds): spec " \
+            f"{[k for k, j in zip(want, keys) if k != j][:3]}, impl {[j for k, j in zip(want, keys) if k != j][:3]}"
         evictions = self.sp.evictions
-        a = self.sp.begin(list(tokens), list(items))
-        b = self.ip.begin(keys, spans)
+        self.ip.check = self.IMPL_CHECK and not any(isinstance(it, BytesOnlyItem) for it in items)
+        with self.operation("begin", keys, tuple(spans)) as op:
+            a = op["spec"] = self.sp.begin(list(tokens), list(items))
+            b = op["impl"] = self.ip.begin(keys, spans)
         inside = lambda x: any(p < x < e for p, e in spans)
         assert a == b, f"conformance mismatch in begin (matched, resume): spec {a}, impl {b}" + (
             " (M3: impl's match or resume is strictly inside a non-causal item)" if any(map(inside, b)) else "")
@@ -258,7 +207,6 @@ class ConformanceMachine(RuleBasedStateMachine):
             if any(inside(c) for c, _ in sb) else "")
         self.req = Open(tokens, items, keys, spans, tuple(t for t in turns if t <= len(base)),
                         evictions=evictions)
-        self._stepped()
 
     @precondition(idle)
     @rule(text=nonempty_text_st, media=media_st)
@@ -300,20 +248,24 @@ class ConformanceMachine(RuleBasedStateMachine):
         self._begin(base, base_media, text, media, conv.turns)
 
     @precondition(idle)
-    @rule(conv=conversations, item=st.integers(0, 3), length=st.integers(1, 6), causal=st.booleans(),
+    @rule(conv=conversations, item=st.integers(0, 3), longer=st.integers(-2, 3), causal=st.booleans(),
           text=text_st)
-    def resend_media(self, conv, item, length, causal, text):
+    def resend_media(self, conv, item, longer, causal, text):
         """Re-send the prompt up to one of `conv`'s media items with that item's
-        bytes again, `length` keys long and causal or not: a match running up
-        to (M3) or diverging at an item, captures falling inside it (M2). (Since
-        folds hash the run length and causality, a match can no longer end
-        strictly inside an item through requests alone.)"""
+        bytes again, `longer` keys longer (or shorter; at least 1) and causal or
+        not: a match running up to (M3) or diverging at an item, captures
+        falling inside it (M2). With
+        a bytes-only fold the match runs into the new item and can end strictly
+        inside it: M3 floors it to the item's start, and the capture at the
+        item's end, starting there, is clipped to its node's edge (S1)."""
         if not conv.media:
             return self.new_conversation(text or [1], [])
         m = conv.media[item % len(conv.media)]
+        length = max(1, m.length + longer)
         base, base_media = conv.prefix(m.pos)
         self._begin(base, base_media, [PLACEHOLDER] * length + list(text),
-                    [Media(at=0, length=length, data=m.data, causal=causal)], conv.turns)
+                    [Media(at=0, length=length, data=m.data, causal=causal,
+                           bytes_only=isinstance(m, BytesOnlyItem))], conv.turns)
 
     # --------------------------------------------------------- prefill
     @precondition(prefilling)
@@ -322,6 +274,20 @@ class ConformanceMachine(RuleBasedStateMachine):
         """Section 2, step 3 (M1, captures, whole-state cuts): one chunk on both
         sides; on the last one, captures attach (step 4: advance, split, clip,
         compact, S1, S4, P2)."""
+        with self.operation("prefill", 1):
+            self._chunk()
+
+    @precondition(prefilling)
+    @rule()
+    def prefill_rest(self):
+        """Prefill chunk by chunk to the end of the prompt (the common case;
+        prefill_chunk interleaves budget changes and cancels with chunks):
+        one operation, prefill(max_chunks=None), compared chunk by chunk."""
+        with self.operation("prefill", None):
+            while self.req.prefilled is False:
+                self._chunk()
+
+    def _chunk(self) -> None:
         r = self.req
         before = len(self.sp.request.chunks)
         spec_done = self.sp.prefill(max_chunks=1)
@@ -337,15 +303,6 @@ class ConformanceMachine(RuleBasedStateMachine):
         if impl_done:
             self.ip.prefilled()
             r.prefilled = True
-        self._stepped()
-
-    @precondition(prefilling)
-    @rule()
-    def prefill_rest(self):
-        """Prefill chunk by chunk to the end of the prompt (the common case;
-        prefill_chunk interleaves budget changes and cancels with chunks)."""
-        while self.req.prefilled is False:
-            self.prefill_chunk()
 
     @precondition(prefilling)
     @rule(target=conversations)
@@ -358,9 +315,10 @@ class ConformanceMachine(RuleBasedStateMachine):
     def _produce(self, token) -> None:
         r = self.req
         prev = r.produced[-1] if r.produced else r.keys[-1]
-        self.sp.step(prev)
-        self.tracer.forward(self.ip.offset, [prev])
-        self.ip.evaluated([prev])
+        with self.operation("step", prev):
+            self.sp.step(prev)
+            self.tracer.forward(self.ip.offset, [prev])
+            self.ip.evaluated([prev])
         r.produced.append(token)
 
     @precondition(decoding)
@@ -371,7 +329,6 @@ class ConformanceMachine(RuleBasedStateMachine):
         token is never evaluated."""
         for t in tokens:
             self._produce(t)
-        self._stepped()
 
     def stored_next(self):
         """The key the spec's trie holds right after everything this request
@@ -402,7 +359,6 @@ class ConformanceMachine(RuleBasedStateMachine):
             if t is None:
                 break
             self._produce(t)
-        self._stepped()
 
     @precondition(decoding)
     @rule(target=conversations)
@@ -413,8 +369,9 @@ class ConformanceMachine(RuleBasedStateMachine):
 
     def _close(self) -> Conv:
         r, sr = self.req, self.sp.request
-        self.sp.close()
-        stats = self.ip.close()
+        with self.operation("close"):
+            self.sp.close()
+            stats = self.ip.close()
         self.req = None
         # The spec's figures for the request. A capture attaches once the forward has crossed it, and
         # the offset never moves back within a request: "crossed" is "at or below the offset at close".
@@ -424,184 +381,32 @@ class ConformanceMachine(RuleBasedStateMachine):
                 "evictions": self.sp.evictions - r.evictions}
         self._closed_stats = ({k: getattr(stats, k) for k in want}, want)
         tokens = r.tokens + tuple(r.produced)
-        self._stepped()
         return Conv(tokens, r.media, len(r.tokens), r.turns + (len(tokens),))
 
     # ---------------------------------------------------------- budget
-    @rule(budget=st.sampled_from(BUDGETS))
+    @rule(budget=st.runner().flatmap(lambda self: st.sampled_from([b for b in BUDGETS if b != self.sp.budget])))
     def set_budget(self, budget):
         """A budget change, at rest or mid-request, that may force eviction
-        (E1 budget, E2 protection, E3 order, E4 leaf removal / merge, G2)."""
-        self.sp.set_budget(budget)
-        self.ip.set_budget(budget)
-        self._stepped()
+        (E1 budget, E2 protection, E3 order, E4 leaf removal / merge, G2).
+        Always a change: the current budget is not drawn, so a shrunk program
+        has no no-op set_budget steps left for Hypothesis to remove."""
+        with self.operation("set_budget", budget):
+            self.sp.set_budget(budget)
+            self.ip.set_budget(budget)
 
-    # ------------------------------------------------------ invariants
+    # ------------------------------------------------------ the checks
     def abstraction(self):
         if self._abs is None:
             self._abs = abstract(self.ip, self.LAYERS, self.tracer, self.chunk)
         return self._abs
 
     @invariant()
-    def tooling_bookkeeping_time_is_measured(self):
-        """impl's bookkeeping_s (the overhead figure the benchmarks report)
-        starts at 0, never decreases, and grows by at most the wall time that
-        passed since the last check."""
+    def checks(self):
+        """Every check of CHECKS, in that order."""
         if self.ip is None:
             return
-        (before, since), now, b = self._bookkeeping, time.perf_counter(), self.ip.bookkeeping_s
-        assert before <= b <= before + (now - since), \
-            f"bookkeeping_s went from {before} to {b} in {now - since:.6f} s of wall time"
-        self._bookkeeping = (b, now)
-
-    @invariant()
-    def c1_live_equals_cold_prefill(self):
-        """C1: every layer's live content (decoded from the real caches) equals
-        a cold prefill of the keys evaluated so far; the spec's too."""
-        if self.ip is None:
-            return
-        v = c1_cold_equivalence(self.abstraction()) + [f"(spec) {x}" for x in c1_cold_equivalence(self.sp)]
-        assert not v, "C1 violated: " + "; ".join(map(str, v))
-
-    @invariant()
-    def tooling_close_reports_the_spec_figures(self):
-        """The Stats close() returned (what the Engine and the benchmarks
-        report) are the spec's figures for that request."""
-        if self._closed_stats is not None:
-            (got, want), self._closed_stats = self._closed_stats, None
-            assert got == want, f"request stats from close: impl {got}, spec {want}"
-
-    @invariant()
-    def tooling_dumps_describe_the_spec_trie(self):
-        """The dumps a maintainer reads (GET /trie as text and as JSON) tell
-        the truth: node for node, the spec's offsets, bytes, flags, clock and
-        snapshots; the header's offset, paged-out counter and budget."""
-        if self.ip is None:
-            return
-        want_json, want_text = spec_dump_view(self.sp)
-        got = self.ip.dump_json()
-        head = {k: got[k] for k in ("offset", "paged_out", "budget", "clock")}
-        assert head == want_json["head"], f"dump_json header {head}, spec {want_json['head']}"
-        assert json_dump_nodes(got["root"]) == want_json["nodes"], \
-            f"dump_json nodes {json_dump_nodes(got['root'])}, spec {want_json['nodes']}"
-        text, ages = text_dump_view(self.ip.dump())
-        alive = time.monotonic() - self._born + 0.0005       # taken after both dumps; .3f rounds up to 0.5 ms
-        assert text == want_text, f"dump text {text}, spec {want_text}"
-        ages += json_dump_ages(got["root"])
-        assert all(0 <= a <= alive for a in ages), f"node ages {ages} outside [0, {alive:.3f}] s"
-
-    @invariant()
-    def impl_own_invariants(self):
-        """impl's own checked rules (impl/invariants.py) hold."""
-        if self.ip is None:
-            return
-        v = impl_violations(self.ip)
-        assert not v, "impl invariants violated: " + "; ".join(v)
-
-    @invariant()
-    def rules_hold_on_impl(self):
-        """Every static rule of spec.rules holds on the abstraction of impl."""
-        if self.ip is None:
-            return
-        v = check(self.abstraction())
-        assert not v, "rules violated by impl (abstracted): " + "; ".join(map(str, v))
-
-    @invariant()
-    def rules_hold_on_spec(self):
-        """... and on the spec itself (a failure here is a spec bug)."""
-        if self.sp is None:
-            return
-        v = check(self.sp)
-        assert not v, "rules violated by the spec: " + "; ".join(map(str, v))
-
-    @invariant()
-    def spec_equals_impl(self):
-        """Conformance: the abstraction of impl equals the spec, field by field."""
-        if self.ip is None:
-            return
-        ca, cs = canon(self.abstraction()), canon(self.sp)
-        if ca != cs:
-            diffs = []
-            for k in cs:
-                if ca[k] != cs[k]:
-                    diffs.append(_first_difference(cs[k], ca[k]) if k == "tree"
-                                 else f"{k}: spec {cs[k]!r}, impl {ca[k]!r}")
-            raise AssertionError("conformance mismatch in " + ", ".join(repr(k) for k in cs if ca[k] != cs[k])
-                                 + ":\n  " + "\n  ".join(diffs))
-
-
-def spec_dump_view(sp) -> tuple:
-    """What impl's dump_json() and dump() must show for the spec state `sp`:
-    ({"head": ..., "nodes": Counter of node rows}, (header, Counter of text rows)).
-    Rows are (depth, start, end, ...) so that sibling order does not matter."""
-    active, frontier = {id(n) for n in sp.path}, sp.path[-1]
-    rows, text = Counter(), Counter()
-
-    def visit(n, depth):
-        snaps = tuple(None if (s := n.snaps.get(i)) is None else (s.kind, s.start, s.end, s.lazy, snap_bytes(sp, i, s))
-                      for i in range(len(sp.layers)))
-        nbytes = sum(x[4] for x in snaps if x is not None)
-        rows[(depth, n.start, n.end, len(n.edge), nbytes, n.user, id(n) in active, n.last_used, snaps)] += 1
-        kinds = "".join("-" if x is None else "v" if x[0] == "kv" and x[3] else x[0][0]
-                        for x, layer in zip(snaps, sp.layers) if layer.kind is not None)
-        flags = frozenset(f for f, on in (("user", n.user), ("active", id(n) in active),
-                                          ("frontier", n is frontier)) if on)
-        text[(depth, None if n is sp.store.root else (n.start, n.end, len(n.edge), nbytes, kinds), flags)] += 1
-        for c in n.children:
-            visit(c, depth + 1)
-    visit(sp.store.root, 0)
-    head = {"offset": sp.offset, "paged_out": sp.store.counter, "budget": sp.budget, "clock": sp.clock}
-    header = (sp.offset, sp.store.counter, sp.budget, sum(text.values()))
-    return {"head": head, "nodes": rows}, (header, text)
-
-
-def json_dump_nodes(root) -> Counter:
-    """impl's dump_json()["root"] as the rows of spec_dump_view."""
-    rows = Counter()
-
-    def visit(d, depth):
-        snaps = tuple(None if s is None else (s["kind"], s["start"], s["end"], s["lazy"], s["bytes"])
-                      for s in d["snapshots"])
-        rows[(depth, d["start"], d["end"], d["tokens"], d["bytes"], d["user"], d["active"], d["last_used"],
-              snaps)] += 1
-        for c in d["children"]:
-            visit(c, depth + 1)
-    visit(root, 0)
-    return rows
-
-
-def json_dump_ages(root) -> list:
-    """Every node's age_s in dump_json(): a float in seconds, to the microsecond."""
-    ages, stack = [], [root]
-    while stack:
-        d = stack.pop()
-        a = d["age_s"]
-        assert isinstance(a, float) and round(a, 6) == a, f"age_s {a!r} is not seconds to the microsecond"
-        ages.append(a)
-        stack.extend(d["children"])
-    return ages
-
-
-_DUMP_HEADER = re.compile(r"^prefix cache: offset (\d+), paged out (\d+) B \(budget (\d+)\), nodes (\d+)$")
-_DUMP_LINE = re.compile(r"^(?P<indent> *)(?:root|\[(\d+),(\d+)\) (\d+)t (\d+)B ([-kvwr]*)) age (?P<age>-?\d+\.\d{3})s"
-                        r"(?: \((?P<flags>[a-z, ]+)\))?$")
-
-
-def text_dump_view(dump: str) -> tuple:
-    """impl's dump() text as the (header, rows) of spec_dump_view, and the node ages."""
-    first, *lines = dump.splitlines()
-    m = _DUMP_HEADER.match(first)
-    assert m, f"dump header unreadable: {first!r}"
-    rows, ages = Counter(), []
-    for line in lines:
-        d = _DUMP_LINE.match(line)
-        assert d, f"dump line unreadable: {line!r}"
-        start, end, tokens, nbytes, kinds = d.groups()[1:6]
-        node = None if start is None else (int(start), int(end), int(tokens), int(nbytes), kinds)
-        flags = frozenset(d.group("flags").split(", ")) if d.group("flags") else frozenset()
-        rows[(len(d.group("indent")) // 2, node, flags)] += 1
-        ages.append(float(d.group("age")))
-    return (tuple(int(x) for x in m.groups()), rows), ages
+        for name in self.CHECKS:
+            getattr(self, name)()
 
 
 def machine_for(name: str, base=ConformanceMachine, **attrs) -> type:
@@ -610,9 +415,7 @@ def machine_for(name: str, base=ConformanceMachine, **attrs) -> type:
     return type(f"{title}Machine", (base,), {"LAYERS": MIXES[name], "__module__": __name__, **attrs})
 
 
-# The invariants' names, in the order Hypothesis runs them (name order).
-INVARIANTS = tuple(sorted(name for name, f in vars(ConformanceMachine).items()
-                          if hasattr(f, "hypothesis_stateful_invariant")))
+INVARIANTS = ConformanceMachine.CHECKS     # the checks, in the order the invariant runs them
 
 MACHINES = {name: machine_for(name) for name in MIXES}
 KvMachine = MACHINES["kv"]
@@ -622,33 +425,3 @@ RecurrentMachine = MACHINES["recurrent"]
 KvWindowedMachine = MACHINES["kv_windowed"]
 WindowedMachine = MACHINES["windowed"]
 HybridMachine = MACHINES["hybrid"]
-
-
-def bench(seconds: float = 5.0, names=None) -> dict:
-    """Steps per second of each machine (Hypothesis generation included),
-    failures ignored: runs random examples until `seconds` have passed."""
-    from hypothesis import HealthCheck, Phase, settings
-    from hypothesis.stateful import run_state_machine_as_test
-    out = {}
-    for name in names or MIXES:
-        cls = MACHINES[name]
-        STATS.update(steps=0, seconds=0.0, runs=0)
-        t0 = time.perf_counter()
-        failures = 0
-        while time.perf_counter() - t0 < seconds:
-            try:
-                run_state_machine_as_test(cls, settings=settings(
-                    max_examples=20, stateful_step_count=40, deadline=None, database=None,
-                    phases=[Phase.generate], suppress_health_check=list(HealthCheck)))
-            except Exception:
-                failures += 1
-        wall = time.perf_counter() - t0
-        out[name] = {"steps": STATS["steps"], "runs": STATS["runs"], "wall_s": round(wall, 2),
-                     "steps_per_s": round(STATS["steps"] / wall), "failing_runs": failures}
-    return out
-
-
-if __name__ == "__main__":
-    import json
-    import sys
-    print(json.dumps(bench(float(sys.argv[1]) if len(sys.argv) > 1 else 5.0, sys.argv[2:] or None), indent=1))

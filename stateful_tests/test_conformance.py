@@ -9,7 +9,7 @@ printed them, turned into plain regression tests.
 from __future__ import annotations
 
 from stateful_tests.conftest import stateful_settings
-from stateful_tests.machines import (INVARIANTS, HybridMachine, KvKvMachine, KvMachine, KvRecurrentMachine,
+from stateful_tests.machines import (HybridMachine, KvKvMachine, KvMachine, KvRecurrentMachine,
                                      KvWindowedMachine, Media, RecurrentMachine, WindowedMachine)
 
 TestKv = KvMachine.TestCase
@@ -25,8 +25,7 @@ del _case
 
 
 def run_all_invariants(state) -> None:
-    for name in INVARIANTS:
-        getattr(state, name)()
+    state.checks()
 
 
 def test_windowed_noop_restore_after_wrap_hybrid():
