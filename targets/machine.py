@@ -154,6 +154,8 @@ class TargetMachine(RuleBasedStateMachine):
             tokens[p:e] = [0] * (e - p)
             media.append(MediaItem(p, e - p, data=bytes([data.draw(st.integers(0, 2))]),
                                    causal=data.draw(st.sampled_from([False, False, True]))))
+        if any(not m.causal and m.end >= len(tokens) for m in media):
+            tokens.append(1)                    # the decode seed is never inside a non-causal item
         self.tokens, self.media = list(tokens), media
         keys = keys_of(tokens, media)
         spans = noncausal_spans(media)
@@ -177,7 +179,7 @@ class TargetMachine(RuleBasedStateMachine):
         """Evaluate the seed (first time), then `gen`; with follow > 0, first
         the next `follow` keys of a stored stream this one is a prefix of (a
         response that repeats, or stops short of, an earlier one)."""
-        seq = tuple(self.spec.seq) + (() if self.seeded else (self.spec.request.keys[-1],))
+        seq = tuple(self.spec.seq) + (() if self.seeded else (self.keys[-1],))
         known = [k for k, _, _ in self.streams if len(k) > len(seq) and k[:len(seq)] == seq]
         again = list(known[-1][len(seq):len(seq) + follow]) if known and follow else []
         again = [k if k < 1 << 31 else 0 for k in again]

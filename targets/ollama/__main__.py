@@ -79,6 +79,10 @@ def main(argv=None) -> int:
         (report / "crash.json").write_text(json.dumps(dict(error=str(e), ops=target.sent), indent=1))
         print(f"check-ollama: {e}; the program that crashed it is in {report / 'crash.json'}", file=sys.stderr)
         return 3
+    except Exception as e:                      # a fault of ours, not of the target: still one line
+        print(f"check-ollama: internal error ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+              f"last operations: {target.sent[-3:]}", file=sys.stderr)
+        return 4
     finally:
         target.shutdown()
     path = write(report, c, explain=None if a.fixture else EXPLAIN, exporter=None if a.fixture else export)
