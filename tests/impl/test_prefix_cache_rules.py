@@ -5,8 +5,9 @@ impl.invariants after every prefix-cache operation), asserts the exact trie
 shape and resume offsets, and checks C1: the first decode logits and greedy
 tokens equal a cold run with mlx-lm's own stock caches.
 
-The seed's historical bugs are re-introduced with monkeypatch and each
-scenario is shown to catch its bug.
+The seed's historical bugs are re-introduced with the patches of
+stateful_tests/mutants.py (written once, hunted there by the state machines)
+and each scenario is shown to catch its bug.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from impl.caches.base import live_snapshots
 from impl.engine import Engine
 from impl.invariants import RuleViolation
 from impl.models import load
-from impl.prefix_cache import PrefixCache
 from impl.trie import walk
+from stateful_tests.mutants import MUTANTS
 
 # float32 on the CPU: chunked prefill vs one forward differs by ~5e-5 (SmolLM2) and ~3e-6 (hybrids).
 ATOL = 1e-3
@@ -141,15 +142,9 @@ def test_s3_page_out_captures_what_a_split_head_misses(hybrid):
     assert nxt.stats.resumed == len(PROMPT) + 2
 
 
-def test_s3_historical_bug_is_caught(hybrid, monkeypatch):
+def test_s3_historical_bug_is_caught(hybrid):
     """The pre-fix page-out skipped any node that already had a snapshot."""
-    def page_out_skipping(self, node):
-        if any(s is not None for s in node.snaps):
-            return
-        for i in self.stateful():
-            self.trie.own(node, i, self.caches[i].snapshot(node.start))
-    monkeypatch.setattr(PrefixCache, "_page_out", page_out_skipping)
-    with pytest.raises(RuleViolation, match="S3"):
+    with MUTANTS["S3"].apply(), pytest.raises(RuleViolation, match="S3"):
         _response_prefix_scenario(hybrid)
 
 
@@ -197,12 +192,10 @@ def test_p2_following_the_edge_again_merges_the_halves(attention):
     assert (0, 10) not in spans and spans[0][0] == 0
 
 
-def test_p1_historical_bug_is_caught(attention, monkeypatch):
+def test_p1_historical_bug_is_caught(attention):
     """The pre-fix begin dropped the resumed node from the path instead of
     splitting it: the frontier no longer ends at the live offset."""
-    monkeypatch.setattr(PrefixCache, "_split_at_live",
-                        lambda self, path, resume: [n for n in path if n.end <= resume])
-    with pytest.raises(RuleViolation, match="T3|P1"):
+    with MUTANTS["P1"].apply(), pytest.raises(RuleViolation, match="T3|P1"):
         _resume_inside_edge(attention)
 
 
@@ -252,11 +245,14 @@ def test_e1_e2_long_conversation_stays_within_budget(hybrid):
     assert max(figures) <= budget
 
 
-def test_e2_historical_bug_is_caught(hybrid, monkeypatch):
+def test_e2_historical_bug_is_caught(hybrid):
     """The pre-fix eviction protected the whole active path: the counter
     grows past the budget with unprotected nodes left (E1)."""
-    monkeypatch.setattr(PrefixCache, "evictable",
-                        lambda self, n: n is not self.root and n not in self.path and len(n.children) < 2)
+    with MUTANTS["E2"].apply():
+        _e2_bug_scenario(hybrid)
+
+
+def _e2_bug_scenario(hybrid):
     e = Engine(hybrid, check_rules=True, chunk_size=16, capture_interval=16)
     _, history = conversation(e, 2, list(range(2000, 2040)))
     e.set_budget(e.pc.counter)
