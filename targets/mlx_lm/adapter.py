@@ -147,11 +147,13 @@ class ServerDriver:
 
     # ---------------------------------------------------------------- the server's calls
     def _insert(self, tokens, cache, cache_type):
+        from mlx_lm.models.cache import can_trim_prompt_cache
         self.calls.append(("insert", tuple(tokens), cache_type))
         before = self.entries()
+        trimmable = can_trim_prompt_cache(cache)
         self.lru.insert_cache(MODEL_KEY, tokens, cache, cache_type=cache_type)
         if self.observer:
-            self.observer.after_insert(self, before, tuple(tokens), cache_type)
+            self.observer.after_insert(self, before, tuple(tokens), cache_type, trimmable)
 
     def _trim_to(self, n_bytes):
         self.calls.append(("trim_to", n_bytes))

@@ -171,7 +171,7 @@ def after_change(before, new):
     """E3: no entry goes while an entry of its own segment type, certainly used less recently, stays."""
     after = stored()
     gone = before - after
-    if new is not None and new in after and can_trim_prompt_cache(inserted[new][0]):
+    if new is not None and can_trim_prompt_cache(inserted[new][0]):
         gone = {k for k in gone if not (len(k) < len(new) and new[:len(k)] == k)}   # prefixes dropped
     hi = lambda k: max(last_used[k], maybe_used.get(k, 0))
     for g in gone:

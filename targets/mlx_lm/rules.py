@@ -204,14 +204,13 @@ class Checker:
             self.last_used[res.served[0]] = self.clock
 
     # ------------------------------------------------------------ E3
-    def _evictions(self, d, before, inserted=None, inserted_type=None):
+    def _evictions(self, d, before, inserted=None, inserted_type=None, trimmable=False):
         after = d.entries()
         gone = set(before) - set(after)
         if inserted is not None:
-            ins = after.get(inserted)
-            if ins is not None and ins.trimmable:      # insert_cache drops prefixes a trimmable entry covers
+            if trimmable:                  # insert_cache drops the prefixes a trimmable entry covers
                 gone = {k for k in gone if not (len(k) < len(inserted) and inserted[:len(k)] == k)}
-            if ins is None:
+            if inserted not in after:      # evicted at once (its own insert went over a limit)
                 gone.add(inserted)
         types = {k: e.cache_type for k, e in {**before, **after}.items()}
         if inserted is not None:
@@ -237,10 +236,10 @@ class Checker:
             self.last_used.pop(k, None)
             self.maybe_used.pop(k, None)
 
-    def after_insert(self, d, before, key, cache_type):
+    def after_insert(self, d, before, key, cache_type, trimmable):
         self.clock += 1
         self.last_used[key] = self.maybe_used[key] = self.clock
-        self._evictions(d, before, key, cache_type)
+        self._evictions(d, before, key, cache_type, trimmable)
 
     def after_trim(self, d, before):
         self._evictions(d, before)
