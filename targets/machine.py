@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck, assume, settings
+from hypothesis import HealthCheck, Phase, assume, settings
 from hypothesis.errors import HypothesisException
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
@@ -210,12 +210,14 @@ def machine_for(target, hunt: Hunt, config: dict):
                 dict(target=target, hunt=hunt, config=config))
 
 
-def hunt_once(target, hunt: Hunt, config: dict, max_examples: int = 40, steps: int = 15):
-    """One Hypothesis run: returns a RuleViolation (shrunk) or None."""
+def hunt_once(target, hunt: Hunt, config: dict, max_examples: int = 40, steps: int = 15, shrink: bool = True):
+    """One Hypothesis run: returns a RuleViolation (shrunk unless `shrink` is
+    False; `minimize` then reduces it by replay, much faster) or None."""
     hunt.rule = None
     cls = machine_for(target, hunt, config)
     s = settings(max_examples=max_examples, stateful_step_count=steps, deadline=None, database=None,
-                 suppress_health_check=list(HealthCheck), print_blob=False)
+                 suppress_health_check=list(HealthCheck), print_blob=False,
+                 phases=list(Phase) if shrink else [Phase.explicit, Phase.generate])
     try:
         run_state_machine_as_test(cls, settings=s)
     except RuleViolation as e:
@@ -248,3 +250,76 @@ def replay(target, ops: list) -> list:
         before = view
         found += [(v.rule, str(v)) for v in vs if v.rule in target.RULES]
     return found
+
+
+def well_formed(ops: list) -> bool:
+    """The pipeline's order: reset first; begin, prefill*, step*, close per
+    request (a step only after a prefill that completed); set_budget anywhere."""
+    if not ops or ops[0]["op"] != "reset":
+        return False
+    state = "idle"
+    for o in ops[1:]:
+        n = o["op"]
+        if n == "begin":
+            if state != "idle":
+                return False
+            state = "begun"
+        elif n == "prefill":
+            if state != "begun":
+                return False
+        elif n == "step":
+            if state not in ("begun", "stepping"):
+                return False
+            state = "stepping"
+        elif n == "close":
+            if state == "idle":
+                return False
+            state = "idle"
+        elif n == "reset":
+            return False
+    return True
+
+
+def reproduces(target, ops: list, rule: str) -> bool:
+    if not well_formed(ops):
+        return False
+    try:
+        return any(r == rule for r, _ in replay_checked(target, ops))
+    except (TargetPanic, KeyError, ValueError, IndexError):
+        return rule == "PANIC"
+
+
+def replay_checked(target, ops: list) -> list:
+    """replay, refusing a step after a prefill that did not complete (not a pipeline order)."""
+    done = True
+    out = []
+    for i, o in enumerate(ops):
+        if o["op"] == "begin":
+            done = False
+        if o["op"] == "step" and not done:
+            raise ValueError("step before the prefill completed")
+        if o["op"] == "prefill":
+            out = replay(target, ops[:i + 1])
+            done = bool(target.outcome and target.outcome[0])
+    return replay(target, ops)
+
+
+def minimize(target, ops: list, rule: str) -> list:
+    """Greedy reduction after Hypothesis's shrink: drop whole requests, then
+    single operations, while the program stays well formed and still breaks `rule`."""
+    best = list(ops)
+    changed = True
+    while changed:
+        changed = False
+        starts = [i for i, o in enumerate(best) if o["op"] == "begin"]
+        blocks = []
+        for s in starts:
+            e = next((j for j in range(s, len(best)) if best[j]["op"] == "close"), len(best) - 1)
+            blocks.append((s, e + 1))
+        blocks += [(i, i + 1) for i in range(len(best) - 1, 0, -1)]
+        for a, b in blocks:
+            cand = best[:a] + best[b:]
+            if reproduces(target, cand, rule):
+                best, changed = cand, True
+                break
+    return best

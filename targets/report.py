@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import spec.rules as R
-from targets.machine import Hunt, hunt_once
+from targets.machine import Hunt, hunt_once, minimize
 
 
 @dataclass
@@ -61,7 +61,10 @@ def meaning(rule: str) -> str:
 
 
 def campaign(target, layouts, minutes: float, config: dict | None = None, max_examples: int = 40,
-             steps: int = 15, on_finding=None) -> Campaign:
+             steps: int = 15, on_finding=None, shrink: bool = False) -> Campaign:
+    """Hunt until `minutes` are up. Without `shrink`, Hypothesis does not shrink:
+    each failing program is reduced by `minimize` (replays, milliseconds each),
+    which keeps detection times from waiting on minutes of shrinking."""
     cfg = dict(interval=8, near_end=4, chunk=8, **(config or {}))
     hunt = Hunt(rules=frozenset(target.RULES) | {"PANIC"})
     hunt.deadline = time.monotonic() + minutes * 60
@@ -71,9 +74,10 @@ def campaign(target, layouts, minutes: float, config: dict | None = None, max_ex
         layout = layouts[i % len(layouts)]
         i += 1
         out.runs += 1
-        e = hunt_once(target, hunt, dict(cfg, layout=layout), max_examples=max_examples, steps=steps)
+        e = hunt_once(target, hunt, dict(cfg, layout=layout), max_examples=max_examples, steps=steps, shrink=shrink)
         if e is not None and e.rule not in out.findings:
-            f = Finding(e.rule, layout, hunt.seen.get(e.rule, hunt.found[e.rule]), e.message, e.ops)
+            ops = minimize(target, e.ops, e.rule)
+            f = Finding(e.rule, layout, hunt.seen.get(e.rule, hunt.found[e.rule]), e.message, ops)
             out.findings[e.rule] = f
             if on_finding:
                 on_finding(f)
