@@ -1,6 +1,8 @@
 """The checks the conformance machines run after every rule (mixins of
 stateful_tests.machines' ConformanceMachine, whose CHECKS tuple orders them):
 
+- `DecisionJudges` (not after every rule: inside operations): E2 on every
+  victim impl's eviction picks, S1 before every compaction;
 - `RuleChecks`: C1 on both sides, impl's own checked rules, spec.rules' state
   rules on the abstraction of impl and on the spec, conformance field by field;
 - `ToolingChecks`: what impl reports to people (not the prefix cache's rules):
@@ -19,13 +21,49 @@ from collections import Counter
 
 import spec.rules
 from impl.invariants import violations as impl_violations
+from spec.view import freeze
 from stateful_tests.abstraction import canon, first_difference, snap_bytes
 from stateful_tests.requests import BytesOnlyItem
 
 
+class DecisionJudges:
+    """Rules judged where impl decides them, mid-operation, so a bug there is
+    reported as that rule and not as a crash later inside a merge. The
+    machine installs them around impl's `_victim` and `_compact` (configure)
+    and provides `ip`, `LAYERS` and `_impl_victims`."""
+
+    def _impl_view(self):
+        """impl's trie as the rules' view, mid-operation (no contents)."""
+        ip = self.ip
+        return freeze(ip.root, ip.path, layers=self.LAYERS, offset=len(ip.seq), seq=ip.seq,
+                      live=[None] * len(self.LAYERS), counter=ip.counter, budget=ip.budget, clock=ip.clock,
+                      snaps_of=lambda n: [(i, s) for i, s in enumerate(n.snaps) if s is not None])
+
+    def _before_compaction(self):
+        """S1, judged before impl compacts (after each capture attach puts on a
+        node, after page-out, after a leaf eviction): every KV snapshot spans
+        its node's edge, before a merge could concatenate a misplaced one."""
+        v = spec.rules.check(self._impl_view(), rules={"S1"})
+        assert not v, "S1 violated by impl before compaction: " + "; ".join(map(str, v))
+
+    def _victim_chosen(self, victim):
+        """E2, judged where impl decides protection: the victim its eviction
+        chose must be one the rule lets go (not the root, the frontier or a
+        branch point), before it is merged or removed."""
+        if victim is None:
+            return None
+        keys = victim.path_keys()
+        v = self._impl_view()
+        node = v.node(keys)
+        assert spec.rules.e2_evictable(v, node), \
+            f"E2 violated by impl: eviction chose {node}, which is protected (root, frontier or branch point)"
+        self._impl_victims.append(keys)
+        return victim
+
+
 class RuleChecks:
     """Checks of the rules and of conformance; the machine provides `ip`,
-    `sp`, `req` and `abstraction()`."""
+    `sp`, `req`, `abstraction()` and `views()`."""
 
     def excused(self, found) -> list:
         """The violations in `found` (Violations or their text) but one clause:
@@ -42,8 +80,9 @@ class RuleChecks:
     def c1_live_equals_cold_prefill(self):
         """C1: every layer's live content (decoded from the real caches) equals
         a cold prefill of the keys evaluated so far; the spec's too."""
-        v = spec.rules.c1_cold_equivalence(self.abstraction()) + [
-            f"(spec) {x}" for x in spec.rules.c1_cold_equivalence(self.sp)]
+        spec_view, impl_view = self.views()
+        v = spec.rules.c1_cold_equivalence(impl_view) + [
+            f"(spec) {x}" for x in spec.rules.c1_cold_equivalence(spec_view)]
         assert not v, "C1 violated: " + "; ".join(map(str, v))
 
     def impl_own_invariants(self):
@@ -53,12 +92,12 @@ class RuleChecks:
 
     def rules_hold_on_impl(self):
         """Every state rule of spec.rules holds on the abstraction of impl."""
-        v = self.excused(spec.rules.check(self.abstraction()))
+        v = self.excused(spec.rules.check(self.views()[1]))
         assert not v, "rules violated by impl (abstracted): " + "; ".join(map(str, v))
 
     def rules_hold_on_spec(self):
         """... and on the spec itself (a failure here is a spec bug)."""
-        v = self.excused(spec.rules.check(self.sp))
+        v = self.excused(spec.rules.check(self.views()[0]))
         assert not v, "rules violated by the spec: " + "; ".join(map(str, v))
 
     def spec_equals_impl(self):

@@ -17,16 +17,9 @@ that order (the order is ours, not Hypothesis's): C1 on both sides, impl's
 own checked rules, spec.rules on the abstraction of impl and on the spec,
 conformance field by field, then what impl reports to people
 (stateful_tests.checks), so a broken rule is reported as such first.
-E2 is also checked where protection is decided: every victim impl's
-eviction picks is judged before it is removed (`_victim_chosen`).
-
-A failure prints the steps as a runnable program (Hypothesis does this for
-state machines); the arguments are plain lists, ints, and `Media(...)`
-values, so the program pastes into a test as is (see test_conformance.py).
-
-Layer mixes are one machine class each (`MACHINES`); chunk size, capture
-interval, near-end distance, budget and clock resolution are drawn in
-`configure`. docs/stateful_tests.md has the tables.
+E2 and S1 are also judged where impl decides them (checks.DecisionJudges).
+A failure prints a runnable program (plain lists, ints, `Media(...)`).
+One machine class per layer mix (`MACHINES`); docs/stateful_tests.md.
 """
 from __future__ import annotations
 
@@ -43,18 +36,18 @@ from impl.trie import walk as impl_walk
 from spec.cache import PrefixCache as SpecCache
 from spec.media import TOKEN_LIMIT, keys_of
 from spec.trie import match
-from spec.view import Op, freeze
+from spec.view import Op
 from stateful_tests.abstraction import abstract
 from stateful_tests.requests import (BUDGETS, CHUNKS, CLOCKS, INTERVALS, MIXES, NEAR_ENDS, PLACEHOLDER, VOCAB,
                                      BytesOnlyItem, Conv, Media, Open, compose, impl_item, kv, media_st,
                                      nonempty_text_st, recurrent, text_st, windowed)
-from stateful_tests.checks import RuleChecks, ToolingChecks
+from stateful_tests.checks import DecisionJudges, RuleChecks, ToolingChecks
 from stateful_tests.tracer import Tracer
 
 __all__ = ["ConformanceMachine", "INVARIANTS", "MACHINES", "MIXES", "Media", "kv", "machine_for", "recurrent",
            "windowed"]
 
-class ConformanceMachine(RuleChecks, ToolingChecks, RuleBasedStateMachine):
+class ConformanceMachine(DecisionJudges, RuleChecks, ToolingChecks, RuleBasedStateMachine):
     """impl and spec, side by side. Subclasses fix LAYERS (one per mix)."""
 
     LAYERS: tuple = MIXES["kv"]
@@ -70,7 +63,7 @@ class ConformanceMachine(RuleChecks, ToolingChecks, RuleBasedStateMachine):
         self.sp = self.ip = self.tracer = None
         self.req: Open | None = None
         self._abs = None
-        self._before = None           # (spec view, impl view) after the last operation
+        self._views = None            # (spec view, impl view) after the last operation
         self._impl_victims = []       # key paths of the nodes impl's eviction chose, in order
         self._closed_stats = None     # (impl's, spec's) figures of the request closed last
         self.steps = 0
@@ -118,8 +111,7 @@ class ConformanceMachine(RuleChecks, ToolingChecks, RuleBasedStateMachine):
         the abstraction of impl with the victims each side evicted. Yields a
         dict the body sets each side's outcome in (begin's (matched, resume)):
         "spec" and "impl"."""
-        if self._before is None:
-            self._before = (self.sp.view(), self.abstraction().view())
+        before = self.views()
         sv, iv = len(self.sp.victims), len(self._impl_victims)
         ticks = (self.sp.clock, self.ip.clock)
         result = {"spec": None, "impl": None}
@@ -134,13 +126,21 @@ class ConformanceMachine(RuleChecks, ToolingChecks, RuleBasedStateMachine):
         after = (self.sp.view(), self.abstraction().view())
         if hasattr(spec.rules, "check_step"):
             for side, before, now, evicted, outcome in (
-                    ("the spec", self._before[0], after[0], gone[0], result["spec"]),
-                    ("impl (abstracted)", self._before[1], after[1], gone[1], result["impl"])):
+                    ("the spec", before[0], after[0], gone[0], result["spec"]),
+                    ("impl (abstracted)", before[1], after[1], gone[1], result["impl"])):
                 op = Op(name, tuple(args), outcome, tuple(evicted))
                 v = spec.rules.check_step(before, op, now)
                 assert not v, f"operation rules violated by {side} in {name}{tuple(args)!r}: " + \
                     "; ".join(map(str, v))
-        self._before = after
+        self._views = after
+
+    def views(self) -> tuple:
+        """(spec's view, the view of the abstraction of impl) of the current
+        state: taken after each operation, read by the next one and by the
+        checks (nothing changes the state between them)."""
+        if self._views is None:
+            self._views = (self.sp.view(), self.abstraction().view())
+        return self._views
 
     def _one_tick(self, ticks: tuple) -> None:
         """A clock that ticked once during the operation: every node touched
@@ -152,34 +152,6 @@ class ConformanceMachine(RuleChecks, ToolingChecks, RuleBasedStateMachine):
                 if n.last_used > t:
                     n.last_used = t + 1
             cache.clock = min(cache.clock, t + 1)
-
-    def _impl_view(self):
-        """impl's trie as the rules' view, mid-operation (no contents)."""
-        ip = self.ip
-        return freeze(ip.root, ip.path, layers=self.LAYERS, offset=len(ip.seq), seq=ip.seq,
-                      live=[None] * len(self.LAYERS), counter=ip.counter, budget=ip.budget, clock=ip.clock,
-                      snaps_of=lambda n: [(i, s) for i, s in enumerate(n.snaps) if s is not None])
-
-    def _before_compaction(self):
-        """S1, judged before impl compacts (after each capture attach puts on a
-        node, after page-out, after a leaf eviction): every KV snapshot spans
-        its node's edge, before a merge could concatenate a misplaced one."""
-        v = spec.rules.check(self._impl_view(), rules={"S1"})
-        assert not v, "S1 violated by impl before compaction: " + "; ".join(map(str, v))
-
-    def _victim_chosen(self, victim):
-        """E2, judged where impl decides protection: the victim its eviction
-        chose must be one the rule lets go (not the root, the frontier or a
-        branch point), before it is merged or removed."""
-        if victim is None:
-            return None
-        keys = victim.path_keys()
-        v = self._impl_view()
-        node = v.node(keys)
-        assert spec.rules.e2_evictable(v, node), \
-            f"E2 violated by impl: eviction chose {node}, which is protected (root, frontier or branch point)"
-        self._impl_victims.append(keys)
-        return victim
 
     # ------------------------------------------------- begin: the prompts
     def _begin(self, base: tuple, base_media: tuple, text, media, turns) -> None:
