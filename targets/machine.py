@@ -146,7 +146,8 @@ class TargetMachine(RuleBasedStateMachine):
         if kind == "prefix":
             base = base[:data.draw(st.integers(1, len(base)))]
         media = [m for m in media if m.end <= len(base)]          # a stored item comes whole or not at all
-        tail = data.draw(st.lists(TOK, min_size=0 if base else 1, max_size=8))
+        # a prompt diverging from a stored one adds a turn: long enough for a capture after the resume
+        tail = data.draw(st.lists(TOK, min_size=4 if kind == "prefix" else 0 if base else 1, max_size=8))
         tokens = list(base) + tail
         if data.draw(st.booleans()) and len(tokens) - len(base) >= 4:
             p = data.draw(st.integers(len(base), len(tokens) - 3))
