@@ -113,6 +113,6 @@ def export(rule: str, ops: list, name: str | None = None) -> str:
         elif name_ == "set_budget":
             body.append(f"\t// set_budget({op['budget']}): maxPagedOutBytes = {op['budget']}; pc.enforceEvictionPolicy()")
     body.append(CHECKS.get(rule, COVERAGE))
-    body.append("\tcheckTrieInvariants(t, pc.root)\n\t_, _, _ = s, items, prefill")
+    body.append("\tcheckTrieInvariants(t, pc.root)\n\t_, _, _, _ = s, items, prefill, seeded")
     fn = name or f"TestPrefixTrie{rule}Found"
     return f"func {fn}(t *testing.T) {{\n" + "\n".join(body) + "\n}\n"
