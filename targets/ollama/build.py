@@ -98,6 +98,7 @@ def assemble(root: Path, out: Path) -> None:
     if not any(re.search(r"\btype\s+mediaItem\s+struct", p.read_text()) for p in pkg.glob("*.go")):
         shutil.copyfile(HARNESS / "stub_media.go", pkg / "zz_harness_media.go")
     shutil.copyfile(HARNESS / "driver_test.go", pkg / "zz_harness_driver_test.go")
+    shutil.copyfile(HARNESS / "view_test.go", pkg / "zz_harness_view_test.go")
 
 
 def first_error(output: str) -> str:
