@@ -175,8 +175,11 @@ class Mutant:
 
 
 MUTANTS = {m.key: m for m in [
-    # S3's trigger is the rarest. Even derandomised, Hypothesis's sequence depends on what the process has
-    # imported (it mixes constants found in loaded modules into generation), so it gets 1000 examples.
+    # S3, M3 and S1 have the rarest triggers, so they get 1000 examples (a hunt stops at its first failure, so
+    # the margin costs nothing while the trigger comes early). Even derandomised, Hypothesis's sequence depends
+    # on the machine's code and on what the process has imported (it mixes constants found in loaded modules
+    # into generation): S3 on the hybrid machine came after 87 runs standalone but not in 581 under pytest;
+    # on kv_recurrent it has come after 500-660 runs in every setting tried.
     Mutant("S3", "S3 page-out skips a node with any snapshot", s3_page_out_skips_node_with_any_snapshot,
            "kv_recurrent", ("S3",), examples=1000,
            elsewhere=("tests/spec/test_historical_bugs.py::test_s3_bug_page_out_skips_a_split_head",
@@ -186,7 +189,8 @@ MUTANTS = {m.key: m for m in [
            elsewhere=("tests/spec/test_historical_bugs.py::test_m2_bug_capture_inside_an_item",
                       "tests/impl/test_engine_media.py::test_historical_media_bug_breaks_rules")),
     # M3 and S1 need a bytes-only media item stored, then re-sent longer and non-causal (requests.Media).
-    Mutant("M3", "M3 resume left inside non-causal media", m3_resume_inside_media, "kv", ("M3", "C2"), examples=1000,
+    Mutant("M3", "M3 resume left inside non-causal media", m3_resume_inside_media, "kv", ("M3", "C2"),
+           examples=1000,
            elsewhere=("tests/spec/test_historical_bugs.py::test_m3_bug_match_inside_an_item_not_moved_to_its_start",
                       "tests/impl/test_engine_media.py::test_historical_media_bug_breaks_c1")),
     Mutant("P1", "P1 resumed node dropped, not split", p1_resumed_node_dropped, "kv", ("P1", "T3"),
@@ -206,7 +210,7 @@ MUTANTS = {m.key: m for m in [
     Mutant("E3", "E3 tie-break reversed (shallower, smaller first)", e3_tie_break_reversed, "kv",
            ("E3", "'victims'", "'tree'"),
            elsewhere=("stateful_tests/test_directed.py::test_eviction_order_with_tied_clocks_is_the_specs",)),
-    Mutant("S1", "S1 capture not clipped to its node", s1_capture_not_clipped, "kv", ("S1",), examples=1000,
+    Mutant("S1", "S1 capture not clipped to its node", s1_capture_not_clipped, "kv_windowed", ("S1",), examples=1000,
            elsewhere=("stateful_tests/test_directed.py::test_legacy_trie_floors_the_match_and_clips_the_capture",)),
     Mutant("fold", "media fold without its bit", fold_without_its_bit, "kv", ("'keys'",)),
 ]}
