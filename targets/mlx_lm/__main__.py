@@ -72,15 +72,10 @@ def replay(args) -> int:
     version, status = _version(), 0
     for p in sorted(report.FINDINGS_DIR.glob("*.json")):
         rec = json.loads(p.read_text())
-        ok = machine.reproduces(rec)
-        if ok:
-            print(f"{p.name}: reproduces on mlx-lm {version}")
-        elif version != rec["mlx_lm_version"]:
-            print(f"{p.name}: fixed upstream in {version} (found on {rec['mlx_lm_version']})")
-        else:
-            print(f"{p.name}: DOES NOT REPRODUCE on {version}, the version it was found on")
-            status = 1
-    return status
+        verdict = machine.replay_status(rec, version)
+        print(f"{p.name}: {verdict} (found on mlx-lm {rec['mlx_lm_version']}, installed {version})")
+        status |= verdict == "does not reproduce"
+    return int(status)
 
 
 def render(args) -> int:

@@ -121,6 +121,16 @@ def reproduces(finding: dict, lru_class=None) -> bool:
                for f in replay(finding["program"], lru_class))
 
 
+def replay_status(finding: dict, installed: str, lru_class=None) -> str:
+    """"reproduces", "fixed upstream in <installed>" (a newer mlx-lm no longer shows it: reported,
+    never a failure) or "does not reproduce" (on the version it was found on: a failure)."""
+    if reproduces(finding, lru_class):
+        return "reproduces"
+    if installed != finding["mlx_lm_version"]:
+        return f"fixed upstream in {installed}"
+    return "does not reproduce"
+
+
 def hunt(model_name: str, known=frozenset(), hyp_settings=None, lru_class=None):
     """One Hypothesis run from scratch, generation only (no example database); the first failing
     program is then shrunk by `shrink`. (finding, shrunk program, time of the first failure) or None."""

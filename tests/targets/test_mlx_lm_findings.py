@@ -21,9 +21,14 @@ def test_there_are_saved_findings():
 def test_saved_finding_replays(path):
     rec = json.loads(path.read_text())
     assert rec["rule"] in RULES and len(rec["program"]["ops"]) <= 10
-    installed = version("mlx-lm")
-    if machine.reproduces(rec):
-        return
-    if installed != rec["mlx_lm_version"]:
-        pytest.skip(f"fixed upstream in {installed} (found on {rec['mlx_lm_version']})")
-    pytest.fail(f"{path.name} no longer reproduces on mlx-lm {installed}, the version it was found on")
+    verdict = machine.replay_status(rec, version("mlx-lm"))
+    if verdict.startswith("fixed upstream"):
+        pytest.skip(f"{verdict} (found on {rec['mlx_lm_version']})")
+    assert verdict == "reproduces", f"{path.name}: {verdict} on mlx-lm {version('mlx-lm')}, the version it was found on"
+
+
+def test_a_finding_gone_on_a_newer_version_is_fixed_upstream():
+    rec = json.loads(FINDINGS[0].read_text())
+    clean = {**rec, "program": {**rec["program"], "ops": [[[1, 2], [3], False, 0]]}}   # breaks nothing
+    assert machine.replay_status(clean, "9.9.9") == "fixed upstream in 9.9.9"
+    assert machine.replay_status({**clean, "mlx_lm_version": "9.9.9"}, "9.9.9") == "does not reproduce"
