@@ -101,7 +101,7 @@ def write(report_dir, c: Campaign, explain: dict | None = None, exporter=None, e
     md = [f"# Rule check of {c.target}", "",
           f"{c.minutes:g} minutes over layouts {', '.join(c.layouts)}: {c.runs} Hypothesis runs, "
           f"{c.steps} target operations judged in {c.seconds:.0f} s = **{rate:.0f} operations/s** "
-          "(shrinking included).", ""]
+          "(reducing failing programs included).", ""]
     if extra:
         md += [extra, ""]
     md += ["| rule | found after | shrunk length | layout | violation |", "|---|---|---|---|---|"]
