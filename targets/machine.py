@@ -4,7 +4,8 @@ Both sides run the same program: begin(tokens, media) / prefill(max_chunks) /
 step(key) / close() / set_budget(b). After every target operation the target's
 view is judged by spec.rules (through targets.viewcheck), restricted to the
 rules the target declares. A violation fails the example with RuleViolation,
-carrying the program that produced it; Hypothesis shrinks it.
+carrying the program that produced it; Hypothesis shrinks it (`shrink=True`)
+or, by default, `minimize` reduces it by replaying the target.
 
 Differences between spec and target that break no rule are *policy
 differences* (resume offsets, trie shape, snapshot placement, byte counts):
@@ -16,7 +17,10 @@ Invariants:
     dicts (`ops`), replayable with `replay`;
   - within one Hypothesis run only the first rule seen fails examples
     (`Hunt.rule`), so shrinking keeps to that rule; rules already found
-    (`Hunt.found`) are ignored by later runs.
+    (`Hunt.found`) are ignored by later runs; `Hunt.seen` records when each
+    rule was first broken by any example;
+  - `minimize` keeps programs in pipeline order (`well_formed`) and never
+    steps after a prefill that did not complete.
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 `campaign(target, layouts, minutes)` runs targets.machine hunts round-robin over
 the layouts until the time is up. Each hunt is one Hypothesis run that fails on
-the first new rule it sees and shrinks the program to that rule; a rule found
-once is not hunted again. `write(report_dir, ...)` writes:
+the first new rule it sees; the program is reduced to that rule (targets.machine
+.minimize); a rule found once is not hunted again. `write(report_dir, ...)` writes:
 
   report.md               per rule: meaning, layout, seconds to first detection,
                           shrunk length, the program; the policy differences;
@@ -12,7 +12,7 @@ once is not hunted again. `write(report_dir, ...)` writes:
   programs/<RULE>_test.go (with `exporter`) the program as a Go test
 
 Invariants: seconds are from the campaign's start to the first example that
-broke the rule (before shrinking); lengths count target operations (reset
+broke the rule (before reduction); lengths count target operations (reset
 excluded).
 """
 from __future__ import annotations

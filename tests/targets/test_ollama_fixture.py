@@ -94,8 +94,7 @@ def test_planted_panic_is_a_finding(exe, monkeypatch):
 
 
 def cli(*args, env=None):
-    env = dict(os.environ, **(env or {}))
-    env.pop("OLLAMA_SRC", None) if "OLLAMA_SRC" not in (env or {}) else None
+    env = dict({k: v for k, v in os.environ.items() if k != "OLLAMA_SRC"}, **(env or {}))
     return subprocess.run([sys.executable, "-m", "targets.ollama", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
