@@ -55,6 +55,8 @@ def main(argv=None) -> int:
     ap.add_argument("--report", default="ollama-report")
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--fixture", action="store_true", help="run our own Go fixture, not Ollama (CI)")
+    ap.add_argument("--pyside", choices=("impl", "spec"),
+                    help="no Go: run the same machine on our impl or spec (a check of the machine itself)")
     a = ap.parse_args(argv)
     from targets.report import campaign, write
     layouts = [x for x in a.layouts.split(",") if x]
@@ -63,13 +65,19 @@ def main(argv=None) -> int:
         print(f"check-ollama: unknown layout {bad[0]} (known: {', '.join(LAYOUTS)})", file=sys.stderr)
         return 2
     report = Path(a.report)
-    try:
-        work = Path(tempfile.mkdtemp(prefix="check-ollama-"))
-        exe = build_fixture(work) if a.fixture else build(a.src, work)
-    except BuildError as e:
-        print(f"check-ollama: {e}", file=sys.stderr)
-        return 2
-    target = HarnessTarget(exe, name="fixture" if a.fixture else f"Ollama at {a.src}")
+    if a.pyside:
+        from targets.ollama.pyside import Resettable
+        target = Resettable(a.pyside)
+        target.RULES = HarnessTarget.RULES
+    else:
+        try:
+            work = Path(tempfile.mkdtemp(prefix="check-ollama-"))
+            exe = build_fixture(work) if a.fixture else build(a.src, work)
+        except BuildError as e:
+            print(f"check-ollama: {e}", file=sys.stderr)
+            return 2
+        target = HarnessTarget(exe, name="fixture" if a.fixture else f"Ollama at {a.src}")
+    ours = a.fixture or a.pyside
     say = lambda f: print(f"check-ollama: {f.rule} after {f.seconds:.1f} s, {f.length} operations: {f.message}",
                           flush=True)
     try:
@@ -85,7 +93,7 @@ def main(argv=None) -> int:
         return 4
     finally:
         target.shutdown()
-    path = write(report, c, explain=None if a.fixture else EXPLAIN, exporter=None if a.fixture else export)
+    path = write(report, c, explain=None if ours else EXPLAIN, exporter=None if ours else export)
     rate = c.steps / c.seconds if c.seconds else 0
     print(f"check-ollama: {len(c.findings)} rules violated, {c.steps} operations at {rate:.0f}/s; report: {path}")
     return 1 if c.findings else 0
