@@ -8,6 +8,7 @@ Bad input gets one line on stderr and a non-zero exit, never a traceback:
   2  no checkout / no x/mlxrunner / Go build failure (the compiler's first error)
   3  the harness process crashed mid-run (the program that crashed it is kept
      in DIR/crash.json)
+  4  a fault of the machine itself (one line, the last operations sent)
   1  the run found rule violations (the report lists them); 0 none
 """
 from __future__ import annotations
