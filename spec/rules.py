@@ -317,14 +317,16 @@ def e3_order(before: View, op: Op, after: View):
 
 def e4_evict_shape(before: View, op: Op, after: View):
     """E4: evicting a leaf removes it; evicting a node with one child merges it
-    into that child, which keeps its whole-state (G2)."""
+    into that child, which keeps its whole-state (G2): the child never stays
+    as it was (same start and edge) once its parent is gone."""
     out = []
     for b in before.walk():
         if b.is_root or b.keys in after.nodes or len(b.children) != 1:
             continue
-        c = b.children[0]
-        if c in after.nodes and after.nodes[c].start == before.nodes[c].start:
-            out.append(Violation("E4", str(b), f"removed without merging into its child {before.nodes[c]}"))
+        c = before.nodes[b.children[0]]
+        if any(a.parent == b.parent and a.start == c.start and a.keys[len(a.parent):] == c.edge
+               for a in after.walk()):
+            out.append(Violation("E4", str(b), f"removed without merging into its child {c}"))
     return out
 
 

@@ -121,7 +121,7 @@ class View:
 
     @property
     def frontier(self) -> NodeView:
-        return self.nodes[self.path[-1]]
+        return self.on_path()[-1]
 
     def node(self, keys) -> NodeView:
         return self.nodes[tuple(keys)]
@@ -136,7 +136,10 @@ class View:
         return iter(self.nodes.values())
 
     def on_path(self) -> list:
-        return [self.nodes[k] for k in self.path]
+        """The active path's nodes; a key path the trie no longer holds (a node
+        evicted from under the path) shows as a detached node (T3 flags it)."""
+        return [self.nodes.get(k) or NodeView(k, len(k), False, -1, MappingProxyType({}), LINK_MISMATCH)
+                for k in self.path]
 
     @property
     def phase(self) -> str:

@@ -20,8 +20,8 @@ def abstract(pc, layers, tracer, chunk: int) -> SpecCache:
                 continue
             expected = state_content(layers[i], keys[:s.end])
             snap = Snap(layer=i, kind=s.kind, start=s.start, end=s.end, lazy=s.lazy,
-                        content=tracer.snap(i, s, expected))
-            snap.size = s.size
+                        content=() if s.closed else tracer.snap(i, s, expected), released=s.closed)
+            snap.size = s.size            # a closed snapshot still held shows as held and released (A2)
             m.snaps[i] = snap
             sp.store.created.append(snap)
         for c in n.children.values():
@@ -30,7 +30,8 @@ def abstract(pc, layers, tracer, chunk: int) -> SpecCache:
 
     sp.store.root = build(pc.root, None)
     sp.store.counter = pc.counter
-    sp.path = [mapped[id(n)] for n in pc.path]
+    # a path node no longer in the trie (evicted from under the path) shows detached (T3, E2)
+    sp.path = [mapped.get(id(n)) or SpecNode(edge=tuple(n.edge), start=n.start) for n in pc.path]
     sp.offset = pc.offset
     sp.seq = list(pc.seq)
     sp.clock = pc.clock

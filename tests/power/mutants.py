@@ -1,0 +1,417 @@
+"""Policy mutants: the spec or impl with one policy hook changed, each breaking
+one rule (the power table of docs/spec.md). A mutant is applied with pytest's
+monkeypatch and run as a target (targets.reference) through
+targets.program.judge: the rule predicates alone must flag it.
+
+Each entry: rule id -> Mutant(what it changes, spec patch, impl patch or the
+reason impl has no such mutant, layer mixes that can show it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import impl.prefix_cache as ipc
+import spec.cache as scache
+from impl.caches.base import WholeStateCache
+from impl.caches.kv import KVCache
+from impl.trie import Trie
+from spec.cache import PrefixCache as SpecCache
+from spec.trie import KV, Layer, Store
+
+KV_L, WIN, REC, NONE = Layer("kv", 16), Layer("windowed", 16, window=5), Layer("recurrent", 12), Layer(None)
+MIXES = {"kv": (KV_L,), "kv_rec": (NONE, KV_L, REC), "kv_win": (KV_L, WIN), "hybrid": (KV_L, WIN, NONE, REC)}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    what: str
+    spec: Callable
+    impl: Callable | str          # a patch, or why impl has no such mutant
+    mixes: tuple = tuple(MIXES)
+
+
+def wrap(mp, cls, name, make):
+    mp.setattr(cls, name, make(getattr(cls, name)))
+
+
+# ---------------------------------------------------------------- structure
+def t1_spec(mp):
+    def remove_leaf(store, node):            # the removed leaf stays listed under its parent
+        for i in sorted(node.snaps):
+            store.release(store.disown(node, i))
+        node.parent = None
+    mp.setattr(Store, "remove_leaf", remove_leaf)
+
+
+def t1_impl(mp):                             # a new child's parent link points one level too high
+    def append_child(orig):
+        def a(trie, node, edge):
+            child = orig(trie, node, edge)
+            child.parent = node.parent or node
+            return child
+        return a
+    wrap(mp, Trie, "append_child", append_child)
+
+
+def t2_spec(mp):                             # attach never walks existing children: appends a sibling
+    mp.setattr(SpecCache, "advance", _append_only)
+
+
+def _append_only(self, to):
+    f = self.frontier
+    keys = tuple(self.seq[f.end:to])
+    if keys:
+        self.path.append(self.store.append_child(f, keys))
+    return self.frontier
+
+
+def t3_spec(mp):                             # a decode step skips the last stateful layer
+    def forward(orig):
+        def f(self, keys, spans):
+            last = self.stateful()[-1]
+            kept = self.live[last]
+            orig(self, keys, spans)
+            if len(keys) == 1:
+                self.live[last] = kept
+        return f
+    wrap(mp, SpecCache, "forward", forward)
+
+
+def t3_impl(mp):                             # close leaves the path one node short of the live offset
+    def close(orig):
+        def c(self):
+            out = orig(self)
+            if len(self.path) > 1:
+                self.path.pop()
+            return out
+        return c
+    wrap(mp, ipc.PrefixCache, "close", close)
+
+
+# --------------------------------------------------------- snapshot coverage
+def s1_spec(mp):                             # page-out's KV snapshot starts at 0, not at the node's start
+    def page_out(orig):
+        def p(self, node):
+            orig(self, node)
+            for i, s in list(node.snaps.items()):
+                if s.kind == KV and s.start > 0 and s.lazy:
+                    self.store.release(self.store.disown(node, i))
+                    self.store.own(node, self.store.new_snap(layer=i, kind=KV, start=0, end=node.end,
+                                                             content=self.live[i][:node.end], lazy=True))
+        return p
+    wrap(mp, SpecCache, "page_out", page_out)
+
+
+def s1_impl(mp):
+    def page_out(self, node):
+        for i in self.stateful():
+            if node.snaps[i] is None:
+                self.trie.own(node, i, self.caches[i].snapshot(0 if self.caches[i].kind == "kv" else node.start))
+    mp.setattr(ipc.PrefixCache, "_page_out", page_out)
+
+
+def s2_spec(mp):                             # a merge keeps the parent's (older) whole-state
+    def merge_snaps(orig):
+        def m(store, a, b):
+            if a is not None and a.kind != KV:
+                if b is not None:
+                    store.release(b)
+                return a
+            return orig(store, a, b)
+        return m
+    wrap(mp, Store, "merge_snaps", merge_snaps)
+
+
+def s2_impl(mp):
+    def merge(cache, a, b):
+        if a is not None:
+            cache._close_quietly(b)
+            return a
+        return b
+    mp.setattr(WholeStateCache, "merge", merge)
+
+
+def s3_spec(mp):                             # the historical page-out: skips a node holding any snapshot
+    wrap(mp, SpecCache, "page_out", lambda orig: lambda self, node: None if node.snaps else orig(self, node))
+
+
+def s3_impl(mp):
+    wrap(mp, ipc.PrefixCache, "_page_out",
+         lambda orig: lambda self, node: None if any(s is not None for s in node.snaps) else orig(self, node))
+
+
+def s4_spec(mp):                             # a split moves the whole-state to the head
+    def split(orig):
+        def sp(store, node, at):
+            head = orig(store, node, at)
+            for i in [i for i, s in node.snaps.items() if s.kind != KV]:
+                store.own(head, store.disown(node, i))
+            return head
+        return sp
+    wrap(mp, Store, "split", split)
+
+
+def s4_impl(mp):
+    def split(orig):
+        def sp(trie, node, at):
+            head = orig(trie, node, at)
+            for i, s in enumerate(node.snaps):
+                if s is not None and s.kind != "kv" and head.snaps[i] is None:
+                    trie.own(head, i, trie.disown(node, i))
+            return head
+        return sp
+    wrap(mp, Trie, "split", split)
+
+
+# ------------------------------------------------------------------- media
+def m1_spec(mp):
+    mp.setattr(scache, "extend_chunk", lambda end, spans: end)
+
+
+def m1_impl(mp):
+    mp.setattr(ipc, "_chunk_end", lambda q, spans: q)
+
+
+def m2_spec(mp):
+    mp.setattr(scache, "capture_ceiling", lambda x, spans: x)
+
+
+def m2_impl(mp):
+    real = ipc.schedule
+    mp.setattr(ipc, "schedule", lambda n, resume, matched, spans, interval, near_end:
+               real(n, resume, matched, [], interval, near_end))
+
+
+# ------------------------------------------------- resume inside an edge
+def p1_spec(mp):                             # begin resumes inside an edge without splitting it
+    def begin_keys(orig):
+        def b(self, keys, spans):
+            self.store.split = lambda node, at: node.parent       # the resumed node is left off the path
+            try:
+                out = orig(self, keys, spans)
+            finally:
+                del self.store.split
+            if len(self.path) > 1 and self.path[-1] is self.path[-2]:
+                self.path.pop()
+            return out
+        return b
+    wrap(mp, SpecCache, "begin_keys", begin_keys)
+
+
+def p1_impl(mp):
+    mp.setattr(ipc.PrefixCache, "_split_at_live", lambda self, path, resume: [n for n in path if n.end <= resume])
+
+
+def p2_spec(mp):
+    mp.setattr(SpecCache, "compact", lambda self: None)
+
+
+def p2_impl(mp):
+    mp.setattr(ipc.PrefixCache, "_compact", lambda self: None)
+
+
+# ----------------------------------------------------------------- merging
+def g1_spec(mp):                             # KV merge without the adjacency check, fed by a misplaced page-out
+    s1_spec(mp)
+
+    def merge_snaps(orig):
+        def m(store, a, b):
+            if a is None or b is None or b.kind != KV or a.end == b.start:
+                return orig(store, a, b)
+            merged = store.new_snap(layer=a.layer, kind=KV, start=a.start, end=a.end + b.end - b.start,
+                                    content=a.content + b.content, lazy=a.lazy and b.lazy)
+            store.release(a)
+            store.release(b)
+            return merged
+        return m
+    wrap(mp, Store, "merge_snaps", merge_snaps)
+
+
+def g1_impl(mp):
+    s1_impl(mp)
+
+    def merge(orig):
+        def m(cache, a, b):
+            if a is not None and b is not None and a.end != b.start:
+                b.start = a.end                  # no adjacency check: concatenate as if adjacent
+            return orig(cache, a, b)
+        return m
+    wrap(mp, KVCache, "merge", merge)
+
+
+def g2_spec(mp):                             # a merge keeps the older last-used time
+    def merge_with_child(orig):
+        def m(store, node):
+            older = min(node.last_used, node.children[0].last_used)
+            orig(store, node).last_used = older
+            return node
+        return m
+    wrap(mp, Store, "merge_with_child", merge_with_child)
+
+
+def g2_impl(mp):
+    def merge_with_child(orig):
+        def m(trie, node):
+            older = min(node.last_used, next(iter(node.children.values())).last_used)
+            orig(trie, node).last_used = older
+            return node
+        return m
+    wrap(mp, Trie, "merge_with_child", merge_with_child)
+
+
+# ---------------------------------------------------------------- eviction
+def e1_spec(mp):
+    mp.setattr(SpecCache, "evict", lambda self: None)
+
+
+def e1_impl(mp):
+    mp.setattr(ipc.PrefixCache, "_evict", lambda self: None)
+
+
+def e2_spec(mp):                             # the frontier is evictable too
+    mp.setattr(SpecCache, "evictable", lambda self, n: n is not self.root and len(n.children) < 2)
+
+
+def e2_impl(mp):
+    mp.setattr(ipc.PrefixCache, "evictable", lambda self, n: n is not self.root and len(n.children) < 2)
+
+
+def e3_spec(mp):                             # most recently used first
+    mp.setattr(SpecCache, "evict_order", lambda self, n: (-n.last_used, n.path_keys()))
+
+
+def e3_impl(mp):
+    mp.setattr(ipc.PrefixCache, "evict_order", lambda self, n: (-n.last_used,))
+
+
+def e4_spec(mp):                             # a single-child victim is dropped and its child re-hung as it was
+    def merge_with_child(store, node):
+        child = node.children[0]
+        for i in sorted(node.snaps):
+            store.release(store.disown(node, i))
+        node.parent.children[node.parent.children.index(node)] = child
+        child.parent = node.parent
+        return child
+    def evict(orig):
+        def e(self):
+            self.store.merge_with_child = lambda node: merge_with_child(self.store, node)
+            try:
+                orig(self)
+            finally:
+                del self.store.merge_with_child
+        return e
+    wrap(mp, SpecCache, "evict", evict)
+
+
+def e4_impl(mp):
+    def merge_with_child(trie, node):
+        (child,) = node.children.values()
+        for i, s in enumerate(node.snaps):
+            if s is not None:
+                trie.disown(node, i).close()
+        del node.parent.children[node.edge[0]]
+        node.parent.children.setdefault(child.edge[0], child)
+        child.parent = node.parent
+        return child
+    def evict(orig):
+        def e(self):
+            self.trie.merge_with_child = lambda node: merge_with_child(self.trie, node)
+            try:
+                orig(self)
+            finally:
+                del self.trie.merge_with_child
+        return e
+    wrap(mp, ipc.PrefixCache, "_evict", evict)
+
+
+def e5_spec(mp):                             # without the matched checkpoint, back to 0 (not the newest survivor)
+    wrap(mp, SpecCache, "reachable", lambda orig: lambda self, i, path, x, matched, common:
+         orig(self, i, path, x, matched, common) and (x in (0, matched) or self.layers[i].kind == KV))
+
+
+def e5_impl(mp):
+    wrap(mp, ipc.PrefixCache, "_resume", lambda orig: lambda self, path, matched, common, spans:
+         (lambda x: x if x == matched else 0)(orig(self, path, matched, common, spans)))
+
+
+# ------------------------------------------------------------- accounting
+def a1_spec(mp):                             # materialised bytes never reach the counter
+    def materialise(store, i, p, q, pending=()):
+        for n in list(store.nodes()):
+            s = n.snaps.get(i)
+            if s is not None and s.lazy and s.start < q and p < s.end:
+                s.lazy = False
+        for s in pending:
+            if s.layer == i and s.lazy and s.start < q and p < s.end:
+                s.lazy = False
+    mp.setattr(Store, "materialise", materialise)
+
+
+def a1_impl(mp):
+    mp.setattr(Trie, "_grew", lambda self, delta: None)
+
+
+def a2_spec(mp):                             # an evicted leaf's snapshots are never released
+    def remove_leaf(store, node):
+        for i in sorted(node.snaps):
+            store.disown(node, i)
+        node.parent.children.remove(node)
+        node.parent = None
+    mp.setattr(Store, "remove_leaf", remove_leaf)
+
+
+def a2_impl(mp):                             # a whole-state merge closes the state it keeps
+    def merge(orig):
+        def m(cache, a, b):
+            out = orig(cache, a, b)
+            if out is not None:
+                out.close()
+            return out
+        return m
+    wrap(mp, WholeStateCache, "merge", merge)
+
+
+# --------------------------------------------------------------- oracle
+def c2_spec(mp):                             # resume one checkpoint below the match
+    wrap(mp, SpecCache, "reachable", lambda orig: lambda self, i, path, x, matched, common:
+         orig(self, i, path, x, matched, common) and not (x == matched and x > 0))
+
+
+def c2_impl(mp):
+    wrap(mp, ipc.PrefixCache, "_resume", lambda orig: lambda self, path, matched, common, spans:
+         orig(self, path, matched, common, spans) if matched == 0 else orig(self, path, matched - 1, common, spans))
+
+
+MUTANTS = {
+    "T1": Mutant("spec: an evicted leaf stays listed under its parent; impl: a new child's parent link points "
+                 "one level too high", t1_spec, t1_impl),
+    "T2": Mutant("attach appends a new child instead of walking a matching one", t2_spec,
+                 "impl keys children by their first key: a second child with the same first key cannot exist"),
+    "T3": Mutant("spec: a decode step skips a layer; impl: close leaves the path one node short of the live "
+                 "offset",
+                 t3_spec, t3_impl),
+    "S1": Mutant("page-out's KV snapshot starts at 0, not at the node's start", s1_spec, s1_impl),
+    "S2": Mutant("a merge keeps the parent's older whole-state", s2_spec, s2_impl, ("kv_rec", "hybrid", "kv_win")),
+    "S3": Mutant("page-out skips a node that holds any snapshot (the seed's bug)", s3_spec, s3_impl,
+                 ("kv_rec", "hybrid", "kv_win")),
+    "S4": Mutant("a split moves the whole-state to the head", s4_spec, s4_impl, ("kv_rec", "hybrid", "kv_win")),
+    "M1": Mutant("a chunk may end inside a non-causal item", m1_spec, m1_impl),
+    "M2": Mutant("a capture may land inside a non-causal item", m2_spec, m2_impl, ("kv",)),
+    "P1": Mutant("begin resumes inside an edge without splitting it", p1_spec, p1_impl, ("kv", "kv_win")),
+    "P2": Mutant("no compaction", p2_spec, p2_impl),
+    "G1": Mutant("KV merge without the adjacency check, fed by a misplaced page-out", g1_spec, g1_impl),
+    "G2": Mutant("a merge keeps the older last-used time", g2_spec, g2_impl),
+    "E1": Mutant("no eviction", e1_spec, e1_impl),
+    "E2": Mutant("the frontier is evictable", e2_spec, e2_impl),
+    "E3": Mutant("most recently used first", e3_spec, e3_impl),
+    "E4": Mutant("a single-child victim is dropped and its child re-hung unmerged", e4_spec, e4_impl),
+    "E5": Mutant("without the matched checkpoint, resume at 0 instead of the newest survivor", e5_spec, e5_impl,
+                 ("kv_rec", "hybrid")),
+    "A1": Mutant("materialised bytes never reach the counter", a1_spec, a1_impl, ("kv", "kv_rec")),
+    "A2": Mutant("spec: an evicted leaf's snapshots are never released; impl: a whole-state merge closes the "
+                 "state it keeps", a2_spec, a2_impl, ("kv_rec", "hybrid")),
+    "C1": Mutant("a non-causal item evaluated in two forwards (the M1 mutant, seen by the oracle)", m1_spec,
+                 m1_impl, ("kv", "kv_rec")),
+    "C2": Mutant("begin resumes one checkpoint below the match", c2_spec, c2_impl),
+}
