@@ -299,10 +299,13 @@ class PrefixCache:
             node = self.advance(cap.offset)
             node.user = node.user or cap.user
             for i, s in sorted(cap.snaps.items()):
-                if i in node.snaps or (s.kind == KV and s.start > node.start):
-                    self.store.release(s)       # kept snapshot wins; a capture short of the edge can't cover it
+                # A KV capture starts at the previous capture (or the resume), where the frontier ended
+                # before advance, so it never starts after its node.
+                assert s.kind != KV or s.start <= node.start, f"capture [{s.start}, {s.end}) after {node.start}"
+                if i in node.snaps:
+                    self.store.release(s)       # the snapshot the node has wins
                     continue
-                if s.kind == KV and s.start < node.start:  # clip a KV capture to the node's edge (S1)
+                if s.kind == KV and s.start < node.start:  # clip: the node starts inside the capture (S1)
                     head, s = self.store.split_snap(s, node.start)
                     self.store.release(head)
                 self.store.own(node, s)

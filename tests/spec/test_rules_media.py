@@ -3,12 +3,14 @@ forward, captures land at their end, resumes at their start; causal items
 carry no restriction."""
 from __future__ import annotations
 
-from spec_helpers import KV_REC, PURE_KV, begin, finish, ok, op_rules, tree
+import inspect
+
+from spec_helpers import KV_REC, PURE_KV, begin, finish, ok, op_rules, rules, tree
 
 from spec.cache import PrefixCache
 from spec.media import FOLD_BIT, MediaItem
 from spec.rules import c1_cold_equivalence
-from spec.trie import walk
+from spec.trie import Store, walk
 
 IMG = MediaItem(pos=2, length=4, data=b"img")
 TOKENS = [1, 2, 0, 0, 0, 0, 7, 8]
@@ -73,3 +75,27 @@ def finish_rest(pc, tokens, gen):
         pc.step(g)
     pc.close()
     ok(pc)
+
+
+def test_s1_clip_is_reached_when_a_fold_ignores_run_length(monkeypatch):
+    """The clip in attach (a KV capture that starts before its node) is reachable: with the seed's old
+    fold, which hashes the bytes only, a stored shorter run of an item leaves a node ending inside a
+    longer run of the same bytes; the next capture spans that boundary and is clipped to its node
+    (the stateful tests reach it the same way, with bytes-only media items)."""
+    clipped = []
+    real = Store.split_snap
+
+    def spy(store, snap, at):
+        if inspect.stack()[1].function == "attach":
+            clipped.append((snap.start, at, snap.end))
+        return real(store, snap, at)
+    monkeypatch.setattr(Store, "split_snap", spy)
+    fold = FOLD_BIT | 5                                     # the same key for runs of any length
+    pc = PrefixCache(PURE_KV[:1], near_end=2, chunk=8)
+    for keys, spans in (((1, fold, fold, 2), [(1, 3)]), ((1, fold, fold, fold, fold, 2, 3), [(1, 5)])):
+        pc.begin_keys(keys, spans)
+        pc.prefill()
+        pc.step(keys[-1])
+        pc.close()
+    assert clipped == [(1, 3, 5)], clipped                  # the capture [1, 5) clipped at the node's start 3
+    assert rules(pc) == set()
