@@ -34,6 +34,19 @@ def assert_rules(pc, what: str = "", before: View | None = None, op: Op | None =
         raise RuleViolation(f"after {what}: " + "; ".join(v) + "\n" + pc.dump())
 
 
+def before(pc) -> tuple:
+    """The view before an operation, and how many victims impl had recorded then."""
+    from impl.view import view
+    return view(pc), len(pc.victims)
+
+
+def checked(pc, what: str, before_: tuple | None, args: tuple = (), outcome=None) -> None:
+    """After operation `what`: every state rule, and its operation rules on the
+    views around it (victims: those recorded since `before_`)."""
+    op = None if before_ is None else Op(what, args, outcome, tuple(pc.victims[before_[1]:]))
+    assert_rules(pc, what, before_ and before_[0], op)
+
+
 def assert_evictable(pc, victim) -> None:
     """E2, where protection is decided: the victim impl chose is one the rule
     lets go (not the root, the frontier or a branch point)."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from impl import invariants
 from impl.trie import Node, Trie, common_prefix, match, walk
 
 
@@ -128,20 +129,12 @@ class PrefixCache:
         node.used_at = time.monotonic()
 
     def _before(self):
-        """Under check=True: the view before an operation, and the victim count then."""
-        if not self.check:
-            return None
-        from impl.view import view
-        return view(self), len(self.victims)
+        """Under check=True: the view before an operation (impl.invariants)."""
+        return invariants.before(self) if self.check else None
 
     def _checked(self, what: str, before=None, args: tuple = (), outcome=None) -> None:
-        """Under check=True: every state rule, and every operation rule of `what`
-        on the views before and after it (impl.invariants)."""
         if self.check:
-            from impl.invariants import assert_rules
-            from spec.view import Op
-            op = None if before is None else Op(what, args, outcome, tuple(self.victims[before[1]:]))
-            assert_rules(self, what, before and before[0], op)
+            invariants.checked(self, what, before, args, outcome)
 
     # ------------------------------------------------------------- begin
     def begin(self, keys, spans=()) -> tuple:
@@ -372,8 +365,7 @@ class PrefixCache:
             if v is None:
                 return
             if self.check:
-                from impl.invariants import assert_evictable
-                assert_evictable(self, v)
+                invariants.assert_evictable(self, v)
             self.evictions += 1
             self.victims.append(v.path_keys())
             if v.children:                                   # E4
@@ -395,33 +387,11 @@ class PrefixCache:
 
     # ------------------------------------------------------------ dumps
     def dump(self) -> str:
-        """A readable tree: offsets, token count, bytes, flags, age."""
-        now, active = time.monotonic(), set(map(id, self.path))
-        lines = [f"prefix cache: offset {self.offset}, paged out {self.counter} B "
-                 f"(budget {self.budget}), nodes {len(self.trie.nodes())}"]
-
-        def visit(n: Node, depth: int) -> None:
-            kinds = "".join("-" if s is None else ("k" if s.kind == "kv" and not s.lazy else
-                            "v" if s.kind == "kv" else "w" if s.kind == "windowed" else "r")
-                            for s, c in zip(n.snaps, self.caches) if c is not None)
-            flags = [f for f, on in (("user", n.user), ("active", id(n) in active),
-                                     ("frontier", n is self.frontier)) if on]
-            label = "root" if n is self.root else f"[{n.start},{n.end}) {len(n.edge)}t {n.bytes()}B {kinds}"
-            lines.append("  " * depth + f"{label} age {now - n.used_at:.3f}s" + (f" ({', '.join(flags)})" if flags else ""))
-            for c in n.children.values():
-                visit(c, depth + 1)
-        visit(self.root, 0)
-        return "\n".join(lines)
+        """A readable tree: offsets, token count, bytes, flags, age (impl/dump.py)."""
+        from impl.dump import text
+        return text(self)
 
     def dump_json(self) -> dict:
-        now, active = time.monotonic(), set(map(id, self.path))
-
-        def node(n: Node) -> dict:
-            return {"start": n.start, "end": n.end, "tokens": len(n.edge), "bytes": n.bytes(),
-                    "user": n.user, "active": id(n) in active, "last_used": n.last_used,
-                    "age_s": round(now - n.used_at, 6),
-                    "snapshots": [None if s is None else {"kind": s.kind, "start": s.start, "end": s.end,
-                                                          "lazy": s.lazy, "bytes": s.size} for s in n.snaps],
-                    "children": [node(c) for c in n.children.values()]}
-        return {"offset": self.offset, "paged_out": self.counter, "budget": self.budget,
-                "clock": self.clock, "root": node(self.root)}
+        """The trie as JSON, for GET /trie (impl/dump.py)."""
+        from impl.dump import as_json
+        return as_json(self)
