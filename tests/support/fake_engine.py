@@ -18,17 +18,12 @@ import signal
 import time
 from typing import Any
 
+from impl.prefix_cache import Stats
+
 FAKE_ENGINE = "tests.support.fake_engine:load"
 
 
-@dataclasses.dataclass
-class FakeStats:
-    total: int = 0
-    matched: int = 0
-    resumed: int = 0
-    prefilled: int = 0
-    captures: int = 0
-    evictions: int = 0
+FakeStats = Stats          # the fake reports the same per-request figures as the real prefix cache
 
 
 @dataclasses.dataclass
