@@ -3,6 +3,9 @@
 Invariants:
 - ``load(name)`` returns one ``LoadedModel`` per name per process (cached); weights are float32 and
   evaluated, and the allocator pool is released afterwards so only the weights stay held (A3).
+  ``load(name, dtype)`` casts at load ("bfloat16", "float16"; "q4": SmolLM2's quantised GGUF
+  weights as shipped); the default is $PREFIX_TRIE_DTYPE or float32 (the CPU's fast path,
+  PLATFORM.md). One LoadedModel per (name, dtype); ``name`` stays the model's name.
 - ``layer_kinds`` lists, per model layer, the cache kind ``impl.caches.make_layer_caches`` builds for
   it ("kv" | "windowed" | "recurrent" | None for stateless layers).
 - Every model uses the SmolLM2 tokenizer (the hybrids share its vocabulary size).
@@ -10,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -17,6 +21,11 @@ from typing import Any, Optional
 from mlx.utils import tree_flatten
 
 MODEL_NAMES = ("smollm2", "gemma3", "qwen3next", "mamba2")
+DTYPES = ("float32", "bfloat16", "float16", "q4")
+
+
+def default_dtype() -> str:
+    return os.environ.get("PREFIX_TRIE_DTYPE") or "float32"
 
 
 @dataclass
@@ -29,6 +38,7 @@ class LoadedModel:
     context_length: int
     vocab_size: int
     layer_kinds: list = field(default_factory=list)
+    dtype: str = "float32"
 
     def make_caches(self):
         from impl.caches import make_layer_caches
@@ -55,19 +65,23 @@ def shared_tokenizer():
     return _tokenizer
 
 
-def load(name: str) -> LoadedModel:
+def load(name: str, dtype: str | None = None) -> LoadedModel:
     if name not in MODEL_NAMES:
         raise KeyError(f"unknown model {name!r}; known: {MODEL_NAMES}")
+    dtype = dtype or default_dtype()
+    if dtype not in DTYPES or (dtype == "q4" and name != "smollm2"):
+        raise KeyError(f"dtype {dtype!r} for {name}; known: {DTYPES} (q4: smollm2's GGUF only)")
+    key = name if dtype == "float32" else f"{name}@{dtype}"
     with _lock:
-        if name in _loaded:
-            return _loaded[name]
+        if key in _loaded:
+            return _loaded[key]
         from impl.caches import layer_kinds, make_layer_caches
         from impl.memory import release_pool
 
         if name == "smollm2":
             from . import smollm2
 
-            model, _meta = smollm2.load_weights()
+            model, _meta = smollm2.load_weights(quantized=dtype == "q4")
             tok = shared_tokenizer()
             context = model.args.max_position_embeddings
             vocab = model.args.vocab_size
@@ -78,6 +92,11 @@ def load(name: str) -> LoadedModel:
             tok = shared_tokenizer()
             context = int(config.get("max_position_embeddings", 8192))
             vocab = int(config["vocab_size"])
+        if dtype in ("bfloat16", "float16"):
+            import mlx.core as mx
+
+            model.set_dtype(getattr(mx, dtype))
+            mx.eval(model.parameters())
         params = tree_flatten(model.parameters())
         lm = LoadedModel(
             name=name,
@@ -88,9 +107,10 @@ def load(name: str) -> LoadedModel:
             context_length=context,
             vocab_size=vocab,
             layer_kinds=layer_kinds(make_layer_caches(model)),
+            dtype=dtype,
         )
         release_pool()
-        _loaded[name] = lm
+        _loaded[key] = lm
         return lm
 
 

@@ -96,24 +96,43 @@ def _unpermute(w: mx.array, n_heads: int) -> mx.array:
     return w.reshape(n_heads, hd // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
 
 
-def load_weights(path: Path | None = None):
-    """Returns (model, metadata) with float32 weights, evaluated."""
+def _packed(w: dict, name: str, dst: str, out: dict, bits: dict, heads: int | None) -> None:
+    """The GGUF's quantised tensor as shipped (packed weight, scales, biases; rows un-permuted for q/k)."""
+    fix = (lambda a: _unpermute(a, heads)) if heads else (lambda a: a)
+    q = w[f"{name}.weight"]
+    if q.dtype != mx.uint32:
+        out[f"{dst}.weight"] = fix(q)
+        return
+    scales = w[f"{name}.scales"]
+    for part, a in (("weight", q), ("scales", scales), ("biases", w[f"{name}.biases"])):
+        out[f"{dst}.{part}"] = fix(a)
+    bits[dst] = q.shape[-1] * 32 // (scales.shape[-1] * GROUP_SIZE)
+
+
+def load_weights(path: Path | None = None, quantized: bool = False):
+    """Returns (model, metadata) with float32 weights, evaluated; with quantized=True the GGUF's
+    quantised layers stay quantised (MLX quantised Linear/Embedding, group 32, bits per tensor)."""
     w, meta = mx.load(str(path or gguf_path()), return_metadata=True)
     has_output = "output.weight" in w
     args = model_args(meta, has_output)
     model = llama.Model(args)
-    out = {"model.embed_tokens.weight": _dequantise(w, "token_embd"), "model.norm.weight": w["output_norm.weight"]}
-    if has_output:
-        out["lm_head.weight"] = _dequantise(w, "output")
+    out, bits = {"model.norm.weight": w["output_norm.weight"]}, {}
+    names = [("token_embd", "model.embed_tokens", None)] + ([("output", "lm_head", None)] if has_output else [])
     for i in range(args.num_hidden_layers):
         for src, dst in _NAMES.items():
-            t = _dequantise(w, f"blk.{i}.{src}")
-            if src == "attn_q":
-                t = _unpermute(t, args.num_attention_heads)
-            elif src == "attn_k":
-                t = _unpermute(t, args.num_key_value_heads)
-            out[f"model.layers.{i}.{dst}.weight"] = t
+            heads = {"attn_q": args.num_attention_heads, "attn_k": args.num_key_value_heads}.get(src)
+            names.append((f"blk.{i}.{src}", f"model.layers.{i}.{dst}", heads))
+    for src, dst, heads in names:
+        if quantized:
+            _packed(w, src, dst, out, bits, heads)
+        else:
+            t = _dequantise(w, src)
+            out[f"{dst}.weight"] = _unpermute(t, heads) if heads else t
     del w
+    if quantized:
+        import mlx.nn as nn
+        nn.quantize(model, class_predicate=lambda p, m: {"group_size": GROUP_SIZE, "bits": bits[p]} if p in bits
+                    else False)
     model.update(tree_unflatten(list(out.items())))
     mx.eval(model.parameters())
     model.eval()
