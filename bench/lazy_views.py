@@ -66,7 +66,7 @@ def main(argv=None) -> float:
     print(f"views still lazy after decoding: {still_lazy}/{len(views)}")
     print(f"ratio {ratio:.3f}")
     for v in views:
-        v.close()
+        v.release()
     assert live_snapshots() == 0
     return ratio
 

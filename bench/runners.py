@@ -95,7 +95,7 @@ def geometry(lm) -> Geometry:
         else:
             snap = c.snapshot(0)
             ck += snap.size
-            snap.close()
+            snap.release()
     return Geometry(kv, ck, [None if c is None else c.kind for c in caches])
 
 
@@ -137,7 +137,7 @@ class Ours:
         for n in trie.nodes():
             for i, snap in enumerate(n.snaps):
                 if snap is not None:
-                    trie.disown(n, i).close()
+                    trie.disown(n, i).release()
         self.engine = None
         gc.collect()
 

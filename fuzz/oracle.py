@@ -73,7 +73,7 @@ def teardown(engine) -> int:
     for n in list(walk(pc.root)):
         for i, s in enumerate(n.snaps):
             if s is not None:
-                pc.trie.disown(n, i).close()
+                pc.trie.disown(n, i).release()
     for c in engine.caches:
         if c is not None:
             c.free()

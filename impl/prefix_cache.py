@@ -282,7 +282,7 @@ class PrefixCache:
             if c > reached:                                  # never crossed (a cancel)
                 for i in rows:
                     if rows[i][k] is not None:
-                        rows[i][k].close()
+                        rows[i][k].release()
         crossed = [(k, c, user) for k, (c, user) in enumerate(plan) if c <= reached]
         if not crossed:
             return
@@ -294,11 +294,11 @@ class PrefixCache:
                 if s is None:
                     continue
                 if node.snaps[i] is not None or (s.kind == "kv" and s.start > node.start):
-                    s.close()
+                    s.release()
                     continue
                 if s.kind == "kv" and s.start < node.start:   # clip to the edge (S1)
                     head, s = self.caches[i].split(s, node.start)
-                    head.close()
+                    head.release()
                 self.trie.own(node, i, s)
             req.stats.captures += 1
             self.touch(node)

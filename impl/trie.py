@@ -16,7 +16,7 @@ Invariants kept here (REFERENCE rule ids):
       last-used time survive.
   A1  `counter` equals the owned bytes of the snapshots held by nodes: every
       snapshot a node holds reports materialisation through a hook into it.
-  A2  a snapshot leaves a node only to another node or to close(), once.
+  A2  a snapshot leaves a node only to another node or to release(), once.
 """
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ class Trie:
             b = self.disown(child, i) if child.snaps[i] is not None else None
             if a is None and b is None:
                 continue
-            merged = cache.merge(a, b)     # raises MergeError unless adjacent (G1)
+            merged = cache.merge_snapshots(a, b)     # raises MergeError unless adjacent (G1)
             if merged is not None:
                 self.own(node, i, merged)
         node.edge = node.edge + child.edge
@@ -159,7 +159,7 @@ class Trie:
             raise ValueError(f"remove_leaf needs a non-root leaf, got {node}")
         for i, s in enumerate(node.snaps):
             if s is not None:
-                self.disown(node, i).close()
+                self.disown(node, i).release()
         del node.parent.children[node.edge[0]]
         node.parent = None
 

@@ -97,10 +97,10 @@ def _silent_merge(cache, a, b):
         k, v = mx.concatenate([ka, kb], axis=2), mx.concatenate([va, vb], axis=2)
         mx.eval(k, v)
         merged = KVSnapshot(a.start, a.start + k.shape[2], a.layer, keys=k, values=v)
-        a.close()
-        b.close()
+        a.release()
+        b.release()
         return merged
-    return cache.merge(a, b)
+    return cache.merge_snapshots(a, b)
 
 
 @contextlib.contextmanager
@@ -111,7 +111,7 @@ def g1_non_adjacent_concatenation():
     the historical chain: the resumed node dropped from the path (P1), attach
     keeping a capture that starts after its node's start (the rebuilt node's
     edge begins earlier than its KV snapshot), and the silent merge."""
-    merge = mutated(Trie.merge_with_child, "merged = cache.merge(a, b)", "merged = _silent_merge(cache, a, b)",
+    merge = mutated(Trie.merge_with_child, "merged = cache.merge_snapshots(a, b)", "merged = _silent_merge(cache, a, b)",
                     _silent_merge=_silent_merge)
     attach = mutated(PrefixCache.attach, 'if node.snaps[i] is not None or (s.kind == "kv" and s.start > node.start):',
                      "if node.snaps[i] is not None:")

@@ -185,7 +185,7 @@ def test_a_disowned_snapshot_no_longer_reports_to_the_counter():
     assert view.lazy and pc.counter == 0
     tracer.caches[0].free()                        # the live buffer goes: the view copies its rows out
     assert not view.lazy and view.size > 0 and pc.counter == 0
-    view.close()
+    view.release()
 
 
 # ------------------------------------------------------------- E3 ties

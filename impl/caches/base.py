@@ -6,8 +6,9 @@ abstract layer cache and the process-wide live-snapshot counter. The concrete ki
 (sliceable), windowed.py and recurrent.py (whole-state).
 
 Invariants kept here (REFERENCE.md rule ids):
-- A2: every snapshot is created exactly once and closed exactly once. ``live_snapshots()`` counts the
-  snapshots created and not yet closed; closing twice raises ``CacheError("A2: ...")``.
+- A2: every snapshot is created exactly once and released exactly once (``release()``, the spec's
+  name). ``live_snapshots()`` counts the snapshots created and not yet released (``closed``);
+  releasing twice raises ``CacheError("A2: ...")``.
 - A1: ``Snapshot.size`` is the number of bytes the snapshot owns. A lazy KV view owns 0 until it
   materialises; then ``on_materialise(delta)`` fires exactly once with the bytes it now owns, so an
   owner's byte counter always equals the sum of ``size`` over what it holds.
@@ -16,9 +17,17 @@ Invariants kept here (REFERENCE.md rule ids):
 - Bad input (negative offsets, a snapshot of another kind or layer, a closed snapshot) raises
   ``CacheError``; an unreachable restore target returns False and leaves the cache unchanged.
 - Ownership: a snapshot has one owner, the caller it was returned to (``snapshot``,
-  ``take_captures``, ``merge``, ``split``). ``merge`` and ``split`` consume their inputs; ``restore``
-  and ``can_restore`` only read theirs; the owner ends a snapshot with ``close()``. Each method of
-  ``LayerCache`` and ``Snapshot`` below states its part in one line.
+  ``take_captures``, ``merge_snapshots``, ``split``). ``merge_snapshots`` and ``split`` consume their
+  inputs; ``restore`` and ``can_restore`` only read theirs; the owner ends a snapshot with
+  ``release()``. Each method of ``LayerCache`` and ``Snapshot`` below states its part in one line.
+- Names: no snapshot-protocol method shares a name with an mlx-lm cache protocol. ``merge_snapshots``
+  is not mlx-lm's batching ``merge(caches)``, and a layer cache has no ``merge`` attribute at all
+  (``hasattr(c, "merge")`` is False, even on the subclasses of mlx-lm's classes): mlx-lm's
+  batchability test (server ``is_batchable``, generate ``_merge_caches``) comes out false, so
+  mlx-lm serves such a model sequentially, and a forced batch stops at mlx-lm's own ValueError
+  "... does not yet support batching with history". Batching is refused rather than implemented
+  because one set of live caches serves one token stream (REFERENCE section 1, T3): a batch cache
+  would hold several streams at different offsets, and lazy KV views and captures describe one.
 - Every cache supports ``finish_forward(n)`` (called after each model forward of n tokens) and an
   ``attention_spans`` list of absolute [start, end) ranges of non-causal media items in the current
   forward (M1), which attention caches honour in ``make_mask``.
@@ -82,11 +91,11 @@ class Snapshot:
     def closed(self) -> bool:
         return self._closed
 
-    def close(self) -> None:
+    def release(self) -> None:
         """The owner's once-only release (A2): drops owned arrays, detaches a lazy view, counts down."""
         global _live
         if self._closed:
-            raise CacheError(f"A2: {self!r} closed twice")
+            raise CacheError(f"A2: {self!r} released twice")
         self._closed = True
         self.on_materialise = None
         self._release()
@@ -118,6 +127,14 @@ class LayerCache:
     def __bool__(self) -> bool:
         return True
 
+    @property
+    def merge(self):
+        """Absent (AttributeError): mlx-lm's batching protocol is refused, see the module docstring."""
+        raise AttributeError(
+            f"{type(self).__name__} does not support mlx-lm's batching (merge(caches)): one live cache "
+            "set serves one token stream; snapshots merge with merge_snapshots(a, b)"
+        )
+
     # --- snapshot protocol -------------------------------------------------------------------
     def snapshot(self, start: int) -> Optional[Snapshot]:
         """A new snapshot of the live state [start, offset), owned by the caller; None if nothing to hold."""
@@ -144,7 +161,7 @@ class LayerCache:
         """Live state := the state at target (snap None: rewind); False: unchanged; caller keeps snap."""
         raise NotImplementedError
 
-    def merge(self, a: Optional[Snapshot], b: Optional[Snapshot]) -> Optional[Snapshot]:
+    def merge_snapshots(self, a: Optional[Snapshot], b: Optional[Snapshot]) -> Optional[Snapshot]:
         """Consumes a and b (each is closed or becomes the result); the caller owns the result."""
         raise NotImplementedError
 
@@ -180,10 +197,10 @@ class LayerCache:
             )
 
     @staticmethod
-    def _close_quietly(*snaps) -> None:
+    def _release_quietly(*snaps) -> None:
         for s in snaps:
             if s is not None and not s.closed:
-                s.close()
+                s.release()
 
 
 class WholeStateCache(LayerCache):
@@ -216,13 +233,13 @@ class WholeStateCache(LayerCache):
         return self._sched.pending_in(self.offset + 1, self.offset + n - 1)
 
 
-    def merge(self, a: Optional[Snapshot], b: Optional[Snapshot]) -> Optional[Snapshot]:
+    def merge_snapshots(self, a: Optional[Snapshot], b: Optional[Snapshot]) -> Optional[Snapshot]:
         for s in (a, b):
             if s is not None:
                 self._check_snapshot(s)
         if a is not None and b is not None and a.end > b.end:
             raise MergeError(f"G1: merge order: the older state (offset {a.end}) is after the newer ({b.end})")
-        self._close_quietly(a)
+        self._release_quietly(a)
         return b
 
     def split(self, snap: Optional[Snapshot], at: int):

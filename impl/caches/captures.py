@@ -69,5 +69,5 @@ class CaptureSchedule:
         """Drop the schedule, closing anything captured and not taken."""
         for s in self.captured:
             if s is not None and not s.closed:
-                s.close()
+                s.release()
         self.take()

@@ -252,12 +252,12 @@ class KVCache(LayerCache):
         mx.eval(self.keys, self.values)
         return True
 
-    def merge(self, a: Optional[KVSnapshot], b: Optional[KVSnapshot]) -> Optional[KVSnapshot]:
+    def merge_snapshots(self, a: Optional[KVSnapshot], b: Optional[KVSnapshot]) -> Optional[KVSnapshot]:
         for s in (a, b):
             if s is not None:
                 self._check_snapshot(s)
         if a is None or b is None:
-            self._close_quietly(a, b)
+            self._release_quietly(a, b)
             return None
         if a.end != b.start:
             raise MergeError(f"G1: cannot merge non-adjacent KV ranges [{a.start},{a.end}) and [{b.start},{b.end})")
@@ -270,8 +270,8 @@ class KVCache(LayerCache):
             v = mx.concatenate([va, vb], axis=2)
             mx.eval(k, v)
             merged = KVSnapshot(a.start, b.end, a.layer, keys=k, values=v)
-        a.close()
-        b.close()
+        a.release()
+        b.release()
         return merged
 
     def split(self, snap: Optional[KVSnapshot], at: int):
@@ -291,7 +291,7 @@ class KVCache(LayerCache):
             mx.eval(hk, hv, tk, tv)
             head = KVSnapshot(snap.start, at, snap.layer, keys=hk, values=hv)
             tail = KVSnapshot(at, snap.end, snap.layer, keys=tk, values=tv)
-        snap.close()
+        snap.release()
         return head, tail
 
     def free(self) -> None:

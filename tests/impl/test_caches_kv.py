@@ -64,7 +64,7 @@ def test_lazy_view_materialises_only_when_overwritten():
     write(c, 1, 20)
     fired = {}
     views = {r: c.snapshot(0) for r in [(0, 20)]}
-    a = c.merge(None, None)  # no-op
+    a = c.merge_snapshots(None, None)  # no-op
     assert a is None
     s1, rest = c.split(views.pop((0, 20)), 5)
     s2, s3 = c.split(rest, 12)
@@ -95,7 +95,7 @@ def test_lazy_view_materialises_only_when_overwritten():
     assert not any(s.lazy for s in (s1, s2, s3))
     np.testing.assert_array_equal(snap_rows(s3)[0], np.array(rows(1, 12, 20)[0]))
     for s in (s1, s2, s3):
-        s.close()
+        s.release()
 
 
 def test_g1_merge_rules_and_split_identity():
@@ -106,11 +106,11 @@ def test_g1_merge_rules_and_split_identity():
     b, d = c.split(b, 20)
     # non-adjacent: [0,10) + [20,30)
     with pytest.raises(MergeError, match=r"^G1:"):
-        c.merge(a, d)
+        c.merge_snapshots(a, d)
     with pytest.raises(MergeError, match=r"^G1:"):
-        c.merge(b, a)  # wrong order is not adjacent either
+        c.merge_snapshots(b, a)  # wrong order is not adjacent either
     # adjacent lazy views merge by arithmetic
-    ab = c.merge(a, b)
+    ab = c.merge_snapshots(a, b)
     assert ab.lazy and (ab.start, ab.end) == (0, 20) and a.closed and b.closed
     whole = c.snapshot(0)
     # owned pieces: materialise by freeing, then split/merge must copy exactly
@@ -122,17 +122,17 @@ def test_g1_merge_rules_and_split_identity():
     ref_rows = snap_rows(ref)
     h, t = c2.split(ref, 13)
     assert not h.lazy and h.size + t.size == 30 * (H * DK + H * DV) * 4
-    back = c2.merge(h, t)
+    back = c2.merge_snapshots(h, t)
     np.testing.assert_array_equal(snap_rows(back)[0], ref_rows[0])
     np.testing.assert_array_equal(snap_rows(back)[1], ref_rows[1])
     # adjacent merge equals the contiguous snapshot (lazy + owned mix)
-    merged = c.merge(ab, d)
+    merged = c.merge_snapshots(ab, d)
     np.testing.assert_array_equal(snap_rows(merged)[0], snap_rows(whole)[0])
     # merging with a missing side yields None and closes the other
     x = c.snapshot(25)
-    assert c.merge(x, None) is None and x.closed
+    assert c.merge_snapshots(x, None) is None and x.closed
     for s in (whole, back, merged):
-        s.close()
+        s.release()
 
 
 def test_bad_input_leaves_cache_unchanged():
@@ -155,7 +155,7 @@ def test_bad_input_leaves_cache_unchanged():
     with pytest.raises(CacheError, match="layer"):
         c.restore(o, 5)
     with pytest.raises(CacheError, match="layer"):
-        c.merge(o, None)
+        c.merge_snapshots(o, None)
     assert not o.closed
     # a snapshot whose start is past the live offset cannot be restored (the prefix is missing)
     assert c.restore(None, 2)
@@ -175,12 +175,12 @@ def test_bad_input_leaves_cache_unchanged():
     with pytest.raises(CacheError, match="kind"):
         r.restore(s, 12)
     # closed snapshot
-    s.close()
+    s.release()
     with pytest.raises(CacheError, match="A2"):
-        s.close()
+        s.release()
     with pytest.raises(CacheError, match="A2"):
         c.restore(s, 12)
-    o.close()
+    o.release()
     # the live rows never changed
     assert c.offset == 2
     np.testing.assert_array_equal(live_rows(c)[0], before[1][0][:, :, :2])
@@ -204,7 +204,7 @@ def test_prepare_captures_validation_and_interior_ranges():
     assert caps[3] is None  # not crossed
     np.testing.assert_array_equal(snap_rows(caps[2])[0], np.array(rows(1, 7, 9)[0]))
     for s in caps[1:3]:
-        s.close()
+        s.release()
 
 
 def test_finish_forward_checks_consistency():
@@ -224,7 +224,7 @@ def test_free_releases_memory():
     c.free()
     assert all(not s.lazy and s.size > 0 for s in snaps)
     for s in snaps:
-        s.close()
+        s.release()
     del snaps
     mx.synchronize()
     assert mx.get_active_memory() <= base
@@ -292,9 +292,9 @@ def test_random_sequences_keep_every_snapshot_exact(seq):
                 (a, ea, fa), (b, eb, fb) = held[i], held[i + 1]
                 if a.end != b.start:
                     with pytest.raises(MergeError, match="^G1:"):
-                        c.merge(a, b)
+                        c.merge_snapshots(a, b)
                 else:
-                    m = c.merge(a, b)
+                    m = c.merge_snapshots(a, b)
                     assert a.closed and b.closed
                     fired = []
                     m.on_materialise = fired.append
@@ -315,7 +315,7 @@ def test_random_sequences_keep_every_snapshot_exact(seq):
                     ]
             elif op[0] == "close" and held:
                 s, _, _ = held.pop(op[1] % len(held))
-                s.close()
+                s.release()
             elif op[0] == "free":
                 c.free()
                 gens = []
@@ -339,7 +339,7 @@ def test_random_sequences_keep_every_snapshot_exact(seq):
     finally:
         for s, _, _ in held:
             if not s.closed:
-                s.close()
+                s.release()
 
 
 def gens_of(exp, s, p):

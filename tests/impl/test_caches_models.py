@@ -36,7 +36,7 @@ def _examples(name):
 def _close_all(snaps):
     for s in snaps:
         if s is not None and not s.closed:
-            s.close()
+            s.release()
 
 
 def _greedy_match(ours, cold, cold_logits_seq):
@@ -117,7 +117,7 @@ def test_restore_equals_cold_prefill(name, models, oracle):
                     segs[j : j + 1] = [[s, at, head], [at, e, tail]]
                 elif j + 1 < len(segs):
                     (s, _, ma), (_, e, mb) = segs[j], segs[j + 1]
-                    merged = {i: caches[i].merge(ma[i], mb[i]) for i in layers}
+                    merged = {i: caches[i].merge_snapshots(ma[i], mb[i]) for i in layers}
                     snaps += list(merged.values())
                     segs[j : j + 2] = [[s, e, merged]]
 

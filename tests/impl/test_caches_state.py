@@ -91,14 +91,14 @@ def test_windowed_restore_rules():
     assert c.restore(s9, 9) and c.offset == 9
     # merge keeps the newer state, split leaves it on the tail
     with pytest.raises(MergeError, match="^G1:"):
-        c.merge(s9, s4)
+        c.merge_snapshots(s9, s4)
     h, t = c.split(s4, 2)
     assert h is None and t is s4
     with pytest.raises(CacheError):
         c.split(s4, 4)
-    m = c.merge(s4, s9)
+    m = c.merge_snapshots(s4, s9)
     assert m is s9 and s4.closed
-    assert c.merge(s9, None) is None and s9.closed
+    assert c.merge_snapshots(s9, None) is None and s9.closed
     assert c.restore(None, 0) and c.offset == 0 and c.keys is None
 
 
@@ -120,7 +120,7 @@ def test_windowed_captures_only_at_write_boundaries():
     assert d.restore(caps[1], 3)
     np.testing.assert_array_equal(np.array(d.keys_and_values()[0]), np.array(kv_rows(0, 3)[0]))
     for s in caps[1:]:
-        s.close()
+        s.release()
 
 
 def test_recurrent_rules():
@@ -156,7 +156,7 @@ def test_recurrent_rules():
     assert c.split(s, 1) == (None, s)
     c.free()
     assert c.offset == 0 and c.empty()
-    s.close()
+    s.release()
     assert c.restore(None, 0)
 
 

@@ -115,7 +115,7 @@ def test_forward_refuses_whole_state_capture_inside(name):
     caps = [c.take_captures()[0] for c in caches]
     assert all(s is not None and s.end == 4 for s in caps)
     for s in caps:
-        s.close()
+        s.release()
 
 
 def test_attention_spans_make_an_item_bidirectional():
@@ -142,12 +142,12 @@ def test_memory_returns_to_baseline_after_snapshots():
     for a, b in ((0, 8), (8, 16), (16, 30)):
         forward(lm.model, list(range(a + 50, b + 50)), caches)
     snaps = [s for c in caches for s in c.take_captures()] + [c.snapshot(16) for c in caches]
-    merged = [c.merge(a, b) for c, a, b in zip(caches, snaps[0::2][:4], snaps[1::2][:4])]
+    merged = [c.merge_snapshots(a, b) for c, a, b in zip(caches, snaps[0::2][:4], snaps[1::2][:4])]
     for c in caches:
         c.free()
     for s in snaps + merged:
         if s is not None and not s.closed:
-            s.close()
+            s.release()
     del snaps, merged, caches
     mx.synchronize()
     assert mx.get_active_memory() <= base

@@ -49,4 +49,4 @@ def test_window_holds_the_last_w_positions_in_order(ops):
             c.restore(None, arg % (c.offset + 1))
         assert window(c) == list(range(max(0, c.offset - W), c.offset))
     for s in snaps:
-        s.close()
+        s.release()

@@ -126,10 +126,10 @@ def s2_spec(mp):                             # a merge keeps the parent's (older
 def s2_impl(mp):
     def merge(cache, a, b):
         if a is not None:
-            cache._close_quietly(b)
+            cache._release_quietly(b)
             return a
         return b
-    mp.setattr(WholeStateCache, "merge", merge)
+    mp.setattr(WholeStateCache, "merge_snapshots", merge)
 
 
 def s3_spec(mp):                             # the historical page-out: skips a node holding any snapshot
@@ -237,7 +237,7 @@ def g1_impl(mp):
                 b.start = a.end                  # no adjacency check: concatenate as if adjacent
             return orig(cache, a, b)
         return m
-    wrap(mp, KVCache, "merge", merge)
+    wrap(mp, KVCache, "merge_snapshots", merge)
 
 
 def g2_spec(mp):                             # a merge keeps the older last-used time
@@ -309,7 +309,7 @@ def e4_impl(mp):
         (child,) = node.children.values()
         for i, s in enumerate(node.snaps):
             if s is not None:
-                trie.disown(node, i).close()
+                trie.disown(node, i).release()
         del node.parent.children[node.edge[0]]
         node.parent.children.setdefault(child.edge[0], child)
         child.parent = node.parent
@@ -366,10 +366,10 @@ def a2_impl(mp):                             # a whole-state merge closes the st
         def m(cache, a, b):
             out = orig(cache, a, b)
             if out is not None:
-                out.close()
+                out.release()
             return out
         return m
-    wrap(mp, WholeStateCache, "merge", merge)
+    wrap(mp, WholeStateCache, "merge_snapshots", merge)
 
 
 # --------------------------------------------------------------- oracle

@@ -1,0 +1,37 @@
+"""The snapshot protocol's names next to mlx-lm's cache protocols (impl/caches/base.py, "Names").
+
+- No layer cache has a ``merge`` attribute, so mlx-lm's batchability test is false and a forced batch
+  stops at mlx-lm's own ValueError; snapshots merge through ``merge_snapshots``.
+- A snapshot is ended by ``release()`` exactly once (A2); a second release raises.
+"""
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import _merge_caches
+
+from impl.caches import CacheError, KVCache, RecurrentCache, WindowedCache, live_snapshots
+
+
+def _caches():
+    return [KVCache(layer=0), WindowedCache(4, layer=1), RecurrentCache(2, layer=2)]
+
+
+@pytest.mark.parametrize("cache", _caches(), ids=lambda c: c.kind)
+def test_no_cache_passes_mlx_lm_batchability_test(cache):
+    assert not hasattr(cache, "merge")
+    assert callable(cache.merge_snapshots)
+    with pytest.raises(ValueError, match="does not yet support batching"):
+        _merge_caches([[cache], [cache]])
+
+
+def test_release_is_once_only():
+    c = KVCache(layer=0)
+    c.update_and_fetch(mx.zeros((1, 1, 3, 2)), mx.zeros((1, 1, 3, 2)))
+    c.finish_forward(3)
+    base = live_snapshots()
+    s = c.snapshot(0)
+    assert live_snapshots() == base + 1
+    s.release()
+    assert s.closed and live_snapshots() == base
+    with pytest.raises(CacheError, match="A2"):
+        s.release()
+    assert not hasattr(s, "close")
