@@ -4,8 +4,10 @@ Workloads (bench/workloads.py) x models (SmolLM2-135M, pure attention; qwen3next
 x budgets (ample, tight), all caches in lockstep in one process (bench/suite.py). Prints the table and
 writes docs/benchmarks.md and a PNG chart.
 
-Run: ./dev bench [--models smollm2,qwen3next] [--workloads chat,branching,agent] [--scale full|quick]
-     [--out docs/benchmarks.md] [--png docs/benchmarks.png] [--lazy-steps 20]
+Run: ./dev bench [--models smollm2,qwen3next] [--workloads chat,branching,agent,chat_long,...]
+     [--scale full|quick] [--out docs/benchmarks.md] [--png docs/benchmarks.png] [--lazy-steps 20]
+     [--fifty-turns 50]
+The floors of issue #16 (bench/floors.py) are printed and recorded as a PASS/FAIL table.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ MARKER = "<!-- analysis: kept across reruns -->"
 def parse(argv):
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="smollm2,qwen3next")
-    ap.add_argument("--workloads", default="chat,branching,agent")
+    ap.add_argument("--workloads", default="chat,branching,agent,chat_long,branching_long,agent_long,fifty")
     ap.add_argument("--scale", default="full", choices=["full", "quick"])
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"), help="markdown report ('' = none)")
     ap.add_argument("--png", default=str(ROOT / "docs" / "benchmarks.png"), help="chart ('' = none)")
     ap.add_argument("--json", default=str(ROOT / "reports" / "bench.json"), help="raw figures ('' = none)")
     ap.add_argument("--lazy-steps", type=int, default=16, help="decode steps for bench/lazy_views.py (0 = skip)")
+    ap.add_argument("--fifty-turns", type=int, default=50, help="turns of bench/fifty_turns.py's table (0 = skip)")
     ap.add_argument("--tight-fraction", type=float, default=0.5)
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
@@ -89,6 +92,8 @@ def main(argv=None) -> list:
         geoms[m] = g = geometry(lm)
         for w in names:
             wl = suite.build_workload(w, lm, args.scale, args.seed)
+            if wl is None:
+                continue
             print(f"-- {w} on {m}: {len(wl)} requests ({wl.notes})", flush=True)
             case = suite.run_case(lm, g, wl, s, log=lambda x: print(x, flush=True))
             for r in case.values():
@@ -96,6 +101,11 @@ def main(argv=None) -> list:
                 r["notes"] = wl.notes
                 rows.append(r)
         mx.clear_cache()
+    fifty = None
+    if args.fifty_turns > 0:
+        from bench import fifty_turns
+        print(f"== fifty-turn table ({args.fifty_turns} turns)", flush=True)
+        fifty = fifty_turns.run("qwen3next", turns=args.fifty_turns, chunk=args.chunk)
     order = {w: i for i, w in enumerate(names)}
     rows.sort(key=lambda r: (order[r["workload"]], models.index(r["model"]), r["budget"] != "ample"))
     elapsed = time.perf_counter() - t0
@@ -104,6 +114,10 @@ def main(argv=None) -> list:
     print(report.text_table(rows))
     checks = targets(rows, lazy)
     print("\n".join(checks))
+    from bench import floors
+    floor_lines = floors.judge(rows, lazy, fifty)
+    print()
+    print(floors.table(floor_lines))
     print(f"\n{elapsed:.0f} s")
 
     command = (f"LD_PRELOAD={OPENBLAS} .venv/bin/python -m bench"
@@ -120,21 +134,23 @@ def main(argv=None) -> list:
     if args.json:
         jp = Path(args.json)
         jp.parent.mkdir(parents=True, exist_ok=True)
-        jp.write_text(json.dumps({"rows": rows, "lazy": lazy, "machine": info0, "seconds": elapsed}, indent=1,
-                                 default=str))
+        slim = None if fifty is None else {k: v for k, v in fifty.items() if k != "policies"}
+        jp.write_text(json.dumps({"rows": rows, "lazy": lazy, "machine": info0, "seconds": elapsed,
+                                  "floors": floor_lines, "fifty": slim}, indent=1, default=str))
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         kept = ""
         if out.exists() and MARKER in out.read_text():     # a hand-written analysis survives reruns
             kept = out.read_text()[out.read_text().index(MARKER):]
-        out.write_text(markdown(rows, checks, lazy, geoms, args, command, started, elapsed, info0, info1, png_note)
+        out.write_text(markdown(rows, checks, lazy, geoms, args, command, started, elapsed, info0, info1, png_note,
+                                floors.table(floor_lines))
                        + ("\n" + kept if kept else ""))
         print(f"wrote {args.out}")
     return rows
 
 
-def markdown(rows, checks, lazy, geoms, args, command, started, elapsed, info0, info1, png_note) -> str:
+def markdown(rows, checks, lazy, geoms, args, command, started, elapsed, info0, info1, png_note, floor_table="") -> str:
     from bench import report, suite
 
     sizes = {m: suite.sizes_for(args.scale, m) for m in geoms}
@@ -165,6 +181,8 @@ def markdown(rows, checks, lazy, geoms, args, command, started, elapsed, info0, 
     ]
     if png_note:
         lines += [png_note, ""]
+    if floor_table:
+        lines += ["## Floors (issue #16; bench/floors.py)", "", floor_table, ""]
     lines += ["## Targets (docs: /work/shared/TARGETS.md)", ""] + checks + [""]
     lines += [
         "## How to read it",

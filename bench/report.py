@@ -37,6 +37,7 @@ COLUMNS = [
     ("B/token ours / LRU (raw KV)", lambda r: f"{_kb(r['bpt_ours'])} / {_kb(r['bpt_lru'])} ({_kb(r['raw_kv_per_token'])}) KB"),
     ("bookkeeping / forward", lambda r: "–" if r["bk_frac"] is None else f"{100 * r['bk_frac']:.2f}%"),
     ("lazy views step ratio", lambda r: _r(r.get("lazy_ratio"), 3)),
+    ("max matched-resume", lambda r: "–" if r.get("gap_max_ours") is None else str(r["gap_max_ours"])),
     ("evictions ours / nodes / LRU entries", lambda r: f"{r['evictions_ours']} / {r['nodes_ours']} / {r['entries_lru']}"),
 ]
 

@@ -1,7 +1,9 @@
 """The caches the benchmark compares, behind one interface, plus the ideal.
 
 - ``Ours``:   impl.engine.Engine (the prefix-cache trie), greedy, no EOS stop.
-- ``LRU``:    mlx-lm's ``LRUPromptCache`` used the way ``mlx_lm/server.py`` serves a request
+- ``LRU``:    (the bare class; the benchmark's anchor is ``bench/server_lru.ServerLRU``, the server's
+              batched path with its segment checkpoints) mlx-lm's ``LRUPromptCache`` used the way
+              ``mlx_lm/server.py`` serves a request
               sequentially (``_serve_single``): ``fetch_nearest_cache`` (deep copy of the nearest
               entry, trimmed when every layer can trim), a fresh ``make_prompt_cache`` when nothing
               matched, prefill of the rest and decode through ``generate_step``, then
@@ -39,6 +41,8 @@ class Outcome:
     forward_s: float = 0.0
     bookkeeping_s: float = 0.0
     evictions: int = 0
+    matched: int = 0         # ours: Stats.matched (the trie match after the back-off)
+    resumed: int = 0         # ours: Stats.resumed (where the restore landed)
 
 
 def common_prefix(a, b) -> int:
@@ -108,10 +112,19 @@ class Ours:
         self.engine = Engine(lm, budget, chunk_size=chunk, capture_interval=interval, near_end=near_end,
                              check_rules=check)
 
-    def run(self, prompt, max_tokens: int) -> Outcome:
-        r = self.engine.generate(list(prompt), max_tokens, stop_at_eos=False)
+    def run(self, prompt, max_tokens: int, boundaries=(), **_) -> Outcome:
+        """``boundaries``: the prompt's message ends, passed to Engine.generate (user captures there)
+        when this Engine takes them."""
+        kw = {"boundaries": list(boundaries)} if boundaries and self.takes_boundaries else {}
+        r = self.engine.generate(list(prompt), max_tokens, stop_at_eos=False, **kw)
         return Outcome(r.tokens, r.stats.total - r.stats.resumed, r.ttft_s, r.total_s, r.forward_s,
-                       r.bookkeeping_s, r.stats.evictions)
+                       r.bookkeeping_s, r.stats.evictions, r.stats.matched, r.stats.resumed)
+
+    @property
+    def takes_boundaries(self) -> bool:
+        import inspect
+
+        return "boundaries" in inspect.signature(self.engine.generate).parameters
 
     @property
     def pc(self):
@@ -152,7 +165,7 @@ class LRU:
         self.store = LRUPromptCache(max_size=max_size, max_bytes=max_bytes)
         self.chunk = chunk
 
-    def run(self, prompt, max_tokens: int) -> Outcome:
+    def run(self, prompt, max_tokens: int, **_) -> Outcome:
         from mlx_lm.generate import generate_step
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
@@ -201,7 +214,7 @@ class NoCache:
     def __init__(self, lm, *, chunk: int):
         self.lm, self.chunk = lm, chunk
 
-    def run(self, prompt, max_tokens: int) -> Outcome:
+    def run(self, prompt, max_tokens: int, **_) -> Outcome:
         from mlx_lm.generate import generate_step
         from mlx_lm.models.cache import make_prompt_cache
 
@@ -251,7 +264,8 @@ class Ideal:
             best = max([best] + [o for o in offsets if o <= reach])
         return n - best
 
-    def add(self, prompt, generated) -> None:
+    def add(self, prompt, generated, boundaries=()) -> None:
+        """``boundaries``: message ends in the prompt, where our policy also takes checkpoints."""
         prompt = list(prompt)
         n = len(prompt)
         d = self.covered(prompt)
@@ -263,6 +277,7 @@ class Ideal:
             offsets.update(range(self.interval, n, self.interval))
         if 0 < d < n - 1:
             offsets.add(d)
+        offsets.update(b for b in boundaries if 0 < b < n)
         self.evaluated.append(seq)
         self.checkpoints.append((seq, sorted(offsets)))
 

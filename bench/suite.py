@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from bench import workloads as W
-from bench.runners import LRU, Ideal, NoCache, Ours, distinct_tokens, geometry
+from bench.runners import Ideal, NoCache, Ours, distinct_tokens, geometry
+from bench.server_lru import ServerLRU
 
 # Workload sizes per model (the hybrid is ~100x cheaper per token than SmolLM2 on this CPU).
 SIZES = {
@@ -50,6 +51,11 @@ SIZES = {
             "chat": dict(convs=4, turns=4, answer=16),
             "branching": dict(rounds=2, answer=16),
             "agent": dict(start_tokens=1200, context_tokens=2600, answer=16, tool_tokens=(60, 140)),
+            # 2k-8k-token contexts (the hybrid only: SmolLM2 would take hours here through five caches)
+            "chat_long": dict(convs=3, turns=4, answer=16, system_tokens=1500, doc_tokens=1400),
+            "branching_long": dict(rounds=2, answer=16, system_tokens=1500, doc_tokens=1100),
+            "agent_long": dict(start_tokens=2000, context_tokens=8000, answer=16, tool_tokens=(300, 600)),
+            "fifty": dict(convs=1, turns=50, answer=24, question=(6, 10)),
         },
     },
     "quick": {
@@ -62,6 +68,10 @@ SIZES = {
             "chat": dict(convs=2, turns=3, answer=8, system_tokens=120),
             "branching": dict(rounds=1, answer=8, system_tokens=120),
             "agent": dict(start_tokens=300, context_tokens=700, answer=8, tool_tokens=(40, 80), system_tokens=120),
+            "chat_long": dict(convs=2, turns=3, answer=8, system_tokens=600, doc_tokens=500),
+            "branching_long": dict(rounds=1, answer=8, system_tokens=600, doc_tokens=400),
+            "agent_long": dict(start_tokens=800, context_tokens=2400, answer=8, tool_tokens=(200, 300)),
+            "fifty": dict(convs=1, turns=12, answer=8, question=(6, 10)),
         },
     },
 }
@@ -89,14 +99,17 @@ class Track:
     peak_own: int = 0
     held_max: int = 0
     tokens: list = field(default_factory=list)
+    gap: list = field(default_factory=list)       # ours: matched - resumed per request
 
 
 def sizes_for(scale: str, model: str) -> dict:
     return SIZES[scale]["smollm2" if model == "smollm2" else "hybrid"]
 
 
-def build_workload(name: str, lm, scale: str, seed: int = 0) -> W.Workload:
-    return W.build(name, lm.tokenizer, seed=seed, **sizes_for(scale, lm.name)[name])
+def build_workload(name: str, lm, scale: str, seed: int = 0) -> W.Workload | None:
+    """None when the workload has no size for this model (the long ones run on the hybrid only)."""
+    sizes = sizes_for(scale, lm.name)
+    return W.build(name, lm.tokenizer, seed=seed, **sizes[name]) if name in sizes else None
 
 
 def budgets_for(wl: W.Workload, geom, s: Settings) -> dict:
@@ -124,8 +137,8 @@ def run_case(lm, geom, wl: W.Workload, s: Settings, log=print) -> dict:
         "ours": Ours(lm, b["ample"], chunk=s.chunk, interval=s.interval, near_end=s.near_end, check=s.check_rules),
         "ours_tight": Ours(lm, b["tight"], chunk=s.chunk, interval=s.interval, near_end=s.near_end,
                            check=s.check_rules),
-        "lru": LRU(lm, chunk=s.chunk),
-        "lru_tight": LRU(lm, b["lru_tight"], chunk=s.chunk),
+        "lru": ServerLRU(lm, None, chunk=s.chunk),
+        "lru_tight": ServerLRU(lm, b["lru_tight"], chunk=s.chunk),
         "none": NoCache(lm, chunk=s.chunk),
     }
     tracks = {k: Track() for k in runners}
@@ -136,6 +149,7 @@ def run_case(lm, geom, wl: W.Workload, s: Settings, log=print) -> dict:
     t_case = time.perf_counter()
     for i, req in enumerate(wl.requests):
         prompt = wl.prompt(i, responses)
+        meta = {"sys_end": wl.sys_end(i, responses), "boundaries": wl.boundaries(i, responses)}
         ideal_pf.append(ideal.prefill(prompt))
         ideal_cp.append(ideal.prefill_at_captures(prompt))
         k = i % len(names)
@@ -145,7 +159,7 @@ def run_case(lm, geom, wl: W.Workload, s: Settings, log=print) -> dict:
             mx.synchronize()
             active0, own0 = mx.get_active_memory(), r.held()
             mx.reset_peak_memory()
-            out = r.run(prompt, mt)
+            out = r.run(prompt, mt, **meta)
             mx.synchronize()
             tr.peak_own = max(tr.peak_own, mx.get_peak_memory() - active0 + own0)
             tr.held_max = max(tr.held_max, r.held())
@@ -156,8 +170,9 @@ def run_case(lm, geom, wl: W.Workload, s: Settings, log=print) -> dict:
             tr.bookkeeping.append(out.bookkeeping_s)
             tr.evictions += out.evictions
             tr.tokens.append(out.tokens)
+            tr.gap.append(out.matched - out.resumed)
         responses[i] = tracks["ours"].tokens[-1]
-        ideal.add(prompt, responses[i])
+        ideal.add(prompt, responses[i], meta["boundaries"] if runners["ours"].takes_boundaries else ())
         log(f"  {lm.name} {wl.name} {i + 1}/{len(wl)} {req.label}: prompt {len(prompt)}, prefilled "
             + " ".join(f"{n}={tracks[n].prefilled[-1]}" for n in names)
             + f" ideal={ideal_pf[-1]} ({time.perf_counter() - t_case:.0f}s)")
@@ -195,6 +210,8 @@ def run_case(lm, geom, wl: W.Workload, s: Settings, log=print) -> dict:
             "bk_frac_median": statistics.median(x / y for x, y in zip(o.bookkeeping, o.forward) if y > 0),
             "bk_ms_median": statistics.median(o.bookkeeping) * 1e3,
             "evictions_ours": o.evictions, "nodes_ours": ro.entries(), "entries_lru": rl.entries(),
+            "gap_max_ours": max(o.gap), "interval": s.interval, "boundaries": runners["ours"].takes_boundaries,
+            "checkpoints_lru": rl.checkpoints, "context_max": max(len(wl.prompt(j, responses)) for j in range(len(wl))),
             "agree_lru": sum(a == r for a, r in zip(l_.tokens, ref)),
             "agree_ours_tight": sum(a == r for a, r in zip(tracks["ours_tight"].tokens, ref)),
             "agree_none_first": sum(a[:1] == r[:1] for a, r in zip(n_.tokens, ref)),

@@ -57,12 +57,38 @@ class Workload:
     name: str
     requests: list = field(default_factory=list)
     notes: str = ""
+    end: tuple = ()          # the ids of "<|im_end|>\n": a segment ending with them ends a message
+    user_head: tuple = ()    # the ids of "<|im_start|>user\n" (mlx-lm's system-segment probe)
 
     def prompt(self, i: int, responses: dict) -> list:
         out = []
         for seg in self.requests[i].segments:
             out.extend(responses[seg.index] if isinstance(seg, Resp) else seg)
         return out
+
+    def boundaries(self, i: int, responses: dict) -> list:
+        """The end offset of every message in request i's prompt (what a chat template's caller knows:
+        the system message, each user message, each assistant reply with its end marker)."""
+        out, pos, k = [], 0, len(self.end)
+        for seg in self.requests[i].segments:
+            toks = responses[seg.index] if isinstance(seg, Resp) else seg
+            pos += len(toks)
+            if k and not isinstance(seg, Resp) and tuple(seg[-k:]) == self.end:
+                out.append(pos)
+        return out
+
+    def sys_end(self, i: int, responses: dict) -> int:
+        """Where mlx-lm's server ends the "system" segment (ResponseGenerator._tokenize): the first
+        position where the prompt differs from the system message followed by an empty user message."""
+        first = self.requests[i].segments[0]
+        if isinstance(first, Resp) or not self.user_head:
+            return 0
+        probe = list(first) + list(self.user_head) + list(self.end)
+        prompt = self.prompt(i, responses)
+        for j, (a, b) in enumerate(zip(probe, prompt)):
+            if a != b:
+                return j
+        return 0
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -88,6 +114,17 @@ class Chat:
 
     def end(self) -> list:
         return self.enc("<|im_end|>\n")
+
+
+def _marked(wl: Workload, fmt: Chat) -> Workload:
+    wl.end, wl.user_head = tuple(fmt.end()), tuple(fmt.enc("<|im_start|>user\n"))
+    return wl
+
+
+def _question(rng: random.Random, fmt: "Chat", question: tuple, doc_tokens: int) -> str:
+    """A question, after a pasted document of about doc_tokens tokens when doc_tokens > 0."""
+    q = sentence(rng, *question)
+    return q if doc_tokens <= 0 else "Document: " + text_of_tokens(rng, fmt, doc_tokens) + "\n" + q
 
 
 def sentence(rng: random.Random, lo: int, hi: int) -> str:
@@ -121,18 +158,20 @@ def _interleave(rng: random.Random, counts: dict) -> list:
 
 
 def chat(tokenizer, *, seed: int = 0, convs: int = 4, turns: int = 3, answer: int = 16,
-         system_tokens: int = 200, question: tuple = (10, 22)) -> Workload:
+         system_tokens: int = 200, question: tuple = (10, 22), doc_tokens: int = 0) -> Workload:
     rng = random.Random(f"chat-{seed}")
     fmt = Chat(tokenizer)
     system = _system(rng, fmt, system_tokens)
     names = [chr(ord("A") + k) for k in range(convs)]
     history = {c: [system] for c in names}
-    wl = Workload("chat", notes=f"{convs} conversations x {turns} turns, interleaved, shared ~{system_tokens}-token "
-                               f"system prompt, {answer}-token answers")
+    wl = _marked(Workload("chat", notes=f"{convs} conversations x {turns} turns, interleaved, shared ~{system_tokens}"
+                                        f"-token system prompt, {answer}-token answers"
+                                        + (f", a ~{doc_tokens}-token document per question" if doc_tokens else "")),
+                 fmt)
     done = {c: 0 for c in names}
     for c in _interleave(rng, {c: turns for c in names}):
         done[c] += 1
-        q = fmt.message("user", sentence(rng, *question))
+        q = fmt.message("user", _question(rng, fmt, question, doc_tokens))
         segs = history[c] + [q, fmt.gen_prompt()]
         wl.requests.append(Request(f"{c}{done[c]}", "turn", segs, answer))
         history[c] = segs + [Resp(len(wl.requests) - 1), fmt.end()]
@@ -140,18 +179,22 @@ def chat(tokenizer, *, seed: int = 0, convs: int = 4, turns: int = 3, answer: in
 
 
 def branching(tokenizer, *, seed: int = 0, rounds: int = 2, answer: int = 16, system_tokens: int = 200,
-              question: tuple = (10, 22)) -> Workload:
+              question: tuple = (10, 22), doc_tokens: int = 0) -> Workload:
     """Per round, a fresh conversation X with a shared system prompt:
     X1, X2, X3, regenerate X3, edit X2's question and continue (X2', X3'), fork after X1 (a different
     second question). Rounds interleave with the previous round's branches (a user coming back)."""
     rng = random.Random(f"branching-{seed}")
     fmt = Chat(tokenizer)
     system = _system(rng, fmt, system_tokens)
-    wl = Workload("branching", notes=f"{rounds} rounds of: 3 turns, regenerate, edit an earlier message and "
-                                     f"continue, fork; shared ~{system_tokens}-token system prompt, "
-                                     f"{answer}-token answers")
+    wl = _marked(Workload("branching", notes=f"{rounds} rounds of: 3 turns, regenerate, edit an earlier message "
+                                             f"and continue, fork; shared ~{system_tokens}-token system prompt, "
+                                             f"{answer}-token answers"
+                                             + (f", a ~{doc_tokens}-token document per question" if doc_tokens
+                                                else "")), fmt)
 
     def ask(label, kind, hist, q):
+        if doc_tokens > 0:
+            q = "Document: " + text_of_tokens(rng, fmt, doc_tokens) + "\n" + q
         segs = hist + [fmt.message("user", q), fmt.gen_prompt()]
         wl.requests.append(Request(label, kind, segs, answer))
         return segs + [Resp(len(wl.requests) - 1), fmt.end()]
@@ -181,8 +224,9 @@ def agent(tokenizer, *, seed: int = 0, context_tokens: int = 1500, start_tokens:
     fmt = Chat(tokenizer)
     system = _system(rng, fmt, system_tokens)
     task = fmt.message("user", "Task: " + text_of_tokens(rng, fmt, max(8, start_tokens - len(system))))
-    wl = Workload("agent", notes=f"one context from ~{start_tokens} to ~{context_tokens} tokens, "
-                                 f"{answer}-token replies, tool results of {tool_tokens[0]}-{tool_tokens[1]} tokens")
+    wl = _marked(Workload("agent", notes=f"one context from ~{start_tokens} to ~{context_tokens} tokens, "
+                                         f"{answer}-token replies, tool results of {tool_tokens[0]}-{tool_tokens[1]}"
+                                         " tokens"), fmt)
     hist = [system, task, fmt.gen_prompt()]
     step = 0
     while True:
@@ -197,8 +241,13 @@ def agent(tokenizer, *, seed: int = 0, context_tokens: int = 1500, start_tokens:
     return wl
 
 
-BUILDERS = {"chat": chat, "branching": branching, "agent": agent}
+# The long variants take their sizes from the caller (bench/suite.py: 2k-8k-token contexts, documents
+# pasted into questions); "fifty" is one conversation of many turns (the seed's 50-turn chat).
+BUILDERS = {"chat": chat, "branching": branching, "agent": agent, "chat_long": chat, "branching_long": branching,
+            "agent_long": agent, "fifty": chat}
 
 
 def build(name: str, tokenizer, **kw) -> Workload:
-    return BUILDERS[name](tokenizer, **kw)
+    wl = BUILDERS[name](tokenizer, **kw)
+    wl.name = name
+    return wl
