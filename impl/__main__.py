@@ -22,7 +22,12 @@ def main(argv=None) -> int:
     s.add_argument("--port", type=int, default=DEFAULT_PORT)
     s.add_argument("--engine", default="real",
                    help="the runners' engine: real, or MODULE:FACTORY (python -m impl.runner --help)")
-    s.add_argument("--budget-bytes", type=int, default=None, help="prefix-cache budget per runner")
+    s.add_argument("--cache-budget", "--budget-bytes", dest="cache_budget", default=None,
+                   help="prefix-cache budget per runner: bytes or a size (512MiB, 2GB); default: "
+                        "$PREFIX_CACHE_BUDGET, else 25%% of the memory free when the model loads")
+    s.add_argument("--keep-alive", default="5m",
+                   help="how long a model stays loaded after its last request (Ollama's keep_alive; "
+                        "-1: forever, 0: unload at once)")
     s.add_argument("--device-bytes", type=int, default=None, help="override the device memory figure")
     s.add_argument("--max-prompt-tokens", type=int, default=32768)
     s.add_argument("--verbose", action="store_true")
@@ -42,9 +47,9 @@ def main(argv=None) -> int:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.cmd == "serve":
         from impl.server import serve
-        return serve(args.host, args.port, engine=args.engine, budget_bytes=args.budget_bytes,
+        return serve(args.host, args.port, engine=args.engine, cache_budget=args.cache_budget,
                      device_bytes=args.device_bytes, max_prompt_tokens=args.max_prompt_tokens,
-                     verbose=args.verbose)
+                     verbose=args.verbose, keep_alive=args.keep_alive)
     from impl.chat import chat
     return chat(args.model, args.host, args.port, args.max_tokens, args.system)
 

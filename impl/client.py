@@ -316,12 +316,19 @@ class RunnerClient:
         return self._get_json("/trie" + ("?" + urlencode({"format": fmt}) if fmt != "text" else ""))
 
     def generate(self, prompt, max_tokens: int = 128, media=(), on_token: Optional[Callable] = None,
-                 cancel: Optional[Callable[[], bool]] = None, timeout: Optional[float] = None) -> dict:
-        """Stream one generation. ``on_token(line)`` gets each {"token", "text"} line; returns the
-        final {"done", "tokens", "text", "stats", ...}. ``cancel()`` returning True hangs up, which
-        the runner sees as the client going away and stops the engine."""
-        body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "media": list(media),
-                           "stream": True}).encode()
+                 cancel: Optional[Callable[[], bool]] = None, timeout: Optional[float] = None,
+                 options: Optional[dict] = None, boundaries: Optional[list] = None) -> dict:
+        """Stream one generation. ``on_token(line)`` gets each {"token", "text"} line (and a last
+        {"text"} line with text held back for stop strings); returns the final {"done", "tokens",
+        "text", "stats", "done_reason", ...}. ``cancel()`` returning True hangs up, which the
+        runner sees as the client going away and stops the engine. ``options`` (temperature,
+        seed, stop) and ``boundaries`` go to the runner as they are (impl/runner.py)."""
+        req = {"prompt": prompt, "max_tokens": max_tokens, "media": list(media), "stream": True}
+        if options:
+            req["options"] = options
+        if boundaries is not None:
+            req["boundaries"] = boundaries
+        body = json.dumps(req).encode()
         conn = self._conn(timeout)
         done = threading.Event()
         cancelled = threading.Event()
@@ -352,7 +359,8 @@ class RunnerClient:
                     raise RunnerRequestError(500, str(msg["error"]))
                 if msg.get("done"):
                     return msg
-                tokens.append(msg.get("token"))
+                if "token" in msg:
+                    tokens.append(msg["token"])
                 if on_token is not None:
                     on_token(msg)
         except RunnerError:

@@ -19,7 +19,8 @@ from http.server import BaseHTTPRequestHandler
 
 from impl.media import BadRequest
 
-__all__ = ["MAX_BODY_BYTES", "BadRequest", "JSONHandler", "is_loopback", "peer_gone", "validate_generate"]
+__all__ = ["MAX_BODY_BYTES", "BadRequest", "JSONHandler", "check_boundaries", "check_options", "is_loopback",
+           "peer_gone", "validate_generate"]
 
 MAX_BODY_BYTES = 8 << 20
 
@@ -44,7 +45,11 @@ def peer_gone(sock) -> bool:
 
 
 def validate_generate(body: bytes, max_prompt_tokens: int, max_new_tokens: int) -> dict:
-    """Parse and check a /generate body; raises BadRequest before anything is touched."""
+    """Parse and check a runner /generate body; raises BadRequest before anything is touched.
+
+    ``prompt``: token ids, {role, content} messages, or a string (raw text, tokenised as is);
+    ``options``: {"temperature": >= 0, "seed": int, "stop": [str]}; ``boundaries``: increasing
+    token offsets inside a token-id prompt (passed to an engine that takes them)."""
     try:
         req = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -54,9 +59,14 @@ def validate_generate(body: bytes, max_prompt_tokens: int, max_new_tokens: int) 
     if "prompt" not in req:
         raise BadRequest("missing field 'prompt'")
     prompt = req["prompt"]
-    if not isinstance(prompt, list) or not prompt:
-        raise BadRequest("'prompt' must be a non-empty list of token ids or of chat messages")
-    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if isinstance(prompt, str):
+        if not prompt:
+            raise BadRequest("'prompt' must not be empty")
+        if len(prompt) > 8 * max_prompt_tokens:
+            raise BadRequest(f"prompt has {len(prompt)} characters; the limit is {8 * max_prompt_tokens}", 413)
+    elif not isinstance(prompt, list) or not prompt:
+        raise BadRequest("'prompt' must be a non-empty list of token ids or of chat messages, or a string")
+    elif all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         if any(t < 0 for t in prompt):
             raise BadRequest("'prompt' token ids must be >= 0")
         if len(prompt) > max_prompt_tokens:
@@ -87,7 +97,50 @@ def validate_generate(body: bytes, max_prompt_tokens: int, max_new_tokens: int) 
     media = req.get("media", [])
     if not isinstance(media, list):
         raise BadRequest("'media' must be a list")
-    return {"prompt": prompt, "max_tokens": max_tokens, "stream": stream, "media": media}
+    options = check_options(req.get("options", {}))
+    boundaries = req.get("boundaries")
+    if boundaries is not None:
+        check_boundaries(boundaries, prompt)
+    return {"prompt": prompt, "max_tokens": max_tokens, "stream": stream, "media": media,
+            "options": options, "boundaries": boundaries}
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_options(options) -> dict:
+    """The sampling options a runner applies: temperature, seed, stop (all optional)."""
+    if not isinstance(options, dict):
+        raise BadRequest("'options' must be an object")
+    unknown = sorted(set(options) - {"temperature", "seed", "stop"})
+    if unknown:
+        raise BadRequest(f"unknown option {unknown[0]!r}")
+    t = options.get("temperature")
+    if t is not None and (not _number(t) or not 0 <= t <= 100):
+        raise BadRequest(f"option 'temperature' must be a number in [0, 100], got {t!r}")
+    seed = options.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise BadRequest(f"option 'seed' must be an integer, got {seed!r}")
+    stop = options.get("stop")
+    if stop is not None:
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+            raise BadRequest("option 'stop' must be a list of non-empty strings")
+    return {"temperature": t, "seed": seed, "stop": stop or []}
+
+
+def check_boundaries(boundaries, prompt) -> None:
+    if not isinstance(prompt, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        raise BadRequest("'boundaries' is only valid with a prompt of token ids")
+    if not isinstance(boundaries, list) or not all(isinstance(b, int) and not isinstance(b, bool)
+                                                   for b in boundaries):
+        raise BadRequest("'boundaries' must be a list of integers")
+    if any(not 0 < b <= len(prompt) for b in boundaries):
+        raise BadRequest(f"'boundaries' must lie in [1, {len(prompt)}] (the prompt's length)")
+    if any(a >= b for a, b in zip(boundaries, boundaries[1:])):
+        raise BadRequest("'boundaries' must be strictly increasing")
 
 
 class JSONHandler(BaseHTTPRequestHandler):

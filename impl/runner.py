@@ -1,6 +1,7 @@
 """A runner process: one model, one Engine, served over loopback HTTP (REFERENCE.md F1, R1, A3).
 
-    python -m impl.runner --model NAME [--port 0] [--engine real|MODULE:FACTORY] [--budget-bytes N]
+    python -m impl.runner --model NAME [--port 0] [--engine real|MODULE:FACTORY]
+                             [--cache-budget SIZE]
 
 Start-up protocol on stdout, one JSON object per line:
     {"event": "port", "port": N, "pid": P}    as soon as the socket is bound (before loading)
@@ -12,9 +13,18 @@ Endpoints (JSON; errors are {"error": message} with a 4xx/5xx status):
     GET  /health     {"status": "loading"|"ok", "model", "pid"}
     GET  /memory     weights, live caches, paged-out, MLX active/cache/peak, process RSS
     GET  /trie       the engine's trie dump as text (?format=json: engine.dump_json())
-    POST /generate   {"prompt": [ids] | [{"role", "content"}...], "max_tokens": N, "stream": bool}
-                     streams NDJSON: {"token", "text"} per token, then {"done": true, "tokens",
-                     "text", "stats"}; a client that goes away cancels the generation.
+    POST /generate   {"prompt": [ids] | [{"role", "content"}...] | "raw text", "max_tokens": N,
+                      "stream": bool, "options": {"temperature", "seed", "stop"}, "boundaries": [int]}
+                     streams NDJSON: {"token", "text"} per token (text held back while it may
+                     start a stop string; a last {"text"} line with what was held), then
+                     {"done": true, "tokens", "text", "stats", "done_reason": stop|length|cancel,
+                     "prompt_tokens", "prompt_eval_s", "eval_s", "seconds"}; a client that goes
+                     away cancels the generation. A string prompt is tokenised here, as is;
+                     temperature > 0 samples with a seeded sampler (impl/decoding.py);
+                     ``boundaries`` go to an engine whose generate() takes them, else 400.
+
+The prefix-cache budget is resolved once the model is loaded (impl/budget.py): --cache-budget,
+else $PREFIX_CACHE_BUDGET, else 25% of the memory then free; /memory reports it with its rule.
 
 A3: after the weights are loaded and evaluated the allocator's free pool is released
 (``mx.clear_cache()``), so an idle runner holds its weights and nothing more; /memory reports
@@ -31,6 +41,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import inspect
 import json
 import os
 import signal
@@ -42,7 +53,11 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from impl import budget as budgets
+from impl.decoding import StopMatcher, TextStream, make_sampler
 from impl.httpio import MAX_BODY_BYTES, BadRequest, JSONHandler, is_loopback, validate_generate
+
+__all__ = ["TextStream", "load_engine", "main"]
 
 
 def _emit(obj: dict) -> None:
@@ -80,48 +95,9 @@ def load_engine(args, argv=()) -> tuple[Any, Any, dict]:
     loaded = models.load(args.model)
     mx.eval(loaded.model.parameters())
     info["weight_bytes"] = int(getattr(loaded, "weight_bytes", 0))
-    kwargs = {}
-    if args.budget_bytes is not None:
-        kwargs["budget_bytes"] = args.budget_bytes
-    engine = Engine(loaded, **kwargs)
+    engine = Engine(loaded)          # its budget is set by main() once resolved (impl/budget.py)
     info["pool_released_bytes"] = release_pool()
     return engine, loaded.tokenizer, info
-
-
-class TextStream:
-    """Incremental detokenisation: emits only text that is final (no trailing partial UTF-8)."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.tokens: list[int] = []
-        self.sent = ""
-
-    def _decode(self) -> str:
-        if self.tokenizer is None or not hasattr(self.tokenizer, "decode"):
-            return ""
-        try:   # control tokens (end of turn) are not text: a chat must not echo them back
-            return self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        except TypeError:
-            try:
-                return self.tokenizer.decode(self.tokens)
-            except Exception:
-                return ""
-        except Exception:
-            return ""
-
-    def push(self, tok: int) -> str:
-        self.tokens.append(tok)
-        text = self._decode()
-        if text.endswith("\ufffd") or not text.startswith(self.sent):
-            return ""
-        piece, self.sent = text[len(self.sent):], text
-        return piece
-
-    def flush(self) -> str:
-        text = self._decode()
-        piece = text[len(self.sent):] if text.startswith(self.sent) else ""
-        self.sent = text
-        return piece
 
 
 def _jsonable(obj):
@@ -164,6 +140,9 @@ class RunnerState:
             else:
                 eng = dict(self.last_engine_memory, busy=True)
         out.update(eng)
+        if "budget" in self.info:
+            out.setdefault("budget", self.info["budget"])
+            out["budget_rule"] = self.info["budget_rule"]
         if "weights" not in out and "weight_bytes" in self.info:
             out["weights"] = self.info["weight_bytes"]
         out.update(_mlx_figures())
@@ -231,41 +210,98 @@ class RunnerHandler(JSONHandler):
             return
         self._generate(req)
 
+    def _engine_kwargs(self, req: dict) -> dict:
+        """Sampler and boundaries, for an engine whose generate() takes them (400 otherwise)."""
+        params = inspect.signature(self.state.engine.generate).parameters
+        kwargs = {}
+        opts = req["options"]
+        sampler = make_sampler(opts["temperature"], opts["seed"])
+        if sampler is not None:
+            if "sampler" not in params:
+                raise BadRequest("this engine samples greedily only: 'temperature' must be 0")
+            kwargs["sampler"] = sampler
+        if req["boundaries"] is not None:
+            if "boundaries" not in params:
+                raise BadRequest("this engine does not take 'boundaries'")
+            kwargs["boundaries"] = list(req["boundaries"])
+        return kwargs
+
+    def _prompt(self, prompt):
+        """A string prompt is raw text: tokenised here, without any template."""
+        if not isinstance(prompt, str):
+            return prompt
+        tok = self.state.tokenizer
+        if tok is None or not hasattr(tok, "encode"):
+            raise BadRequest("this model has no tokenizer: send token ids")
+        ids = [int(t) for t in tok.encode(prompt)]
+        if not ids:
+            raise BadRequest("the prompt encodes to no tokens")
+        if len(ids) > self.state.args.max_prompt_tokens:
+            raise BadRequest(f"prompt has {len(ids)} tokens; the limit is {self.state.args.max_prompt_tokens}", 413)
+        return ids
+
+    def _fail(self, status: int, msg: str) -> None:
+        if not self._headers_sent:
+            self._send_json(status, {"error": msg})
+        else:
+            self._write_line({"error": msg})
+
     def _generate(self, req: dict) -> None:
         st = self.state
         self._start_stream()
         text = TextStream(st.tokenizer)
+        stops = StopMatcher(req["options"]["stop"])
         stream = req["stream"]
+        first: list = []
 
         def on_token(tok):
-            piece = text.push(int(tok))
+            if not first:
+                first.append(time.monotonic())
+            shown = stops.push(text.push(int(tok)))
             if stream:
-                self._write_line({"token": int(tok), "text": piece})
+                self._write_line({"token": int(tok), "text": shown})
+
+        def cancel():
+            return stops.stopped or self._client_gone()
 
         t0 = time.monotonic()
         with st.engine_lock:
             if self._client_gone():
                 return
+            t1 = time.monotonic()
             try:
-                result = st.engine.generate(req["prompt"], req["max_tokens"], media=tuple(req["media"]),
-                                            cancel=self._client_gone, on_token=on_token)
+                kwargs = self._engine_kwargs(req)
+                prompt = self._prompt(req["prompt"])
+                result = st.engine.generate(prompt, req["max_tokens"], media=tuple(req["media"]),
+                                            cancel=cancel, on_token=on_token, **kwargs)
+            except BadRequest as e:
+                self._fail(e.status, str(e))
+                return
             except (ValueError, TypeError, KeyError) as e:
-                if not self._headers_sent:
-                    self._send_json(400, {"error": f"bad request for this model: {e}"})
-                else:
-                    self._write_line({"error": f"bad request for this model: {e}"})
+                self._fail(400, f"bad request for this model: {e}")
                 return
             except Exception as e:  # an engine fault: report it, keep serving
                 traceback.print_exc()
-                if not self._headers_sent:
-                    self._send_json(500, {"error": f"engine error: {type(e).__name__}: {e}"})
-                else:
-                    self._write_line({"error": f"engine error: {type(e).__name__}: {e}"})
+                self._fail(500, f"engine error: {type(e).__name__}: {e}")
                 return
+            t2 = time.monotonic()
         tokens = [int(t) for t in getattr(result, "tokens", [])]
-        final = {"done": True, "tokens": tokens, "text": text.sent + text.flush(),
-                 "stats": _jsonable(getattr(result, "stats", {})),
-                 "cancelled": bool(getattr(result, "cancelled", False)) or self._gone,
+        tail = stops.push(text.flush()) + stops.flush()
+        if stream and tail:
+            self._write_line({"text": tail})
+        stats = _jsonable(getattr(result, "stats", {}))
+        eos = getattr(st.tokenizer, "eos_token_id", None)
+        if stops.stopped or (tokens and tokens[-1] == eos):
+            reason = "stop"
+        elif len(tokens) >= req["max_tokens"]:
+            reason = "length"
+        else:
+            reason = "cancel"
+        t_first = first[0] if first else t2
+        final = {"done": True, "tokens": tokens, "text": stops.text, "stats": stats,
+                 "cancelled": reason == "cancel" or self._gone, "done_reason": reason,
+                 "prompt_tokens": int(getattr(result, "prompt_tokens", 0) or stats.get("total", 0)),
+                 "prompt_eval_s": round(t_first - t1, 6), "eval_s": round(t2 - t_first, 6),
                  "seconds": round(time.monotonic() - t0, 6)}
         self._write_line(final)
 
@@ -293,7 +329,9 @@ def main(argv=None) -> int:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--engine", default="real", type=_engine_arg,
                    help="real (impl.models + impl.engine), or MODULE:FACTORY (see above)")
-    p.add_argument("--budget-bytes", type=int, default=None)
+    p.add_argument("--cache-budget", "--budget-bytes", dest="cache_budget", default=None,
+                   help=f"prefix-cache budget (bytes or 512MiB, 2GB...); default: {budgets.DEFAULT_FRACTION:.0%} "
+                        f"of the memory free once the weights are loaded, or ${budgets.ENV}")
     p.add_argument("--max-prompt-tokens", type=int, default=32768)
     p.add_argument("--max-new-tokens", type=int, default=4096)
     p.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES)
@@ -318,6 +356,9 @@ def main(argv=None) -> int:
 
     try:
         engine, tokenizer, info = load_engine(args, extra)
+        info["budget"], info["budget_rule"] = budgets.resolve(args.cache_budget)
+        if hasattr(engine, "set_budget"):
+            engine.set_budget(info["budget"])
     except Exception as e:
         traceback.print_exc()
         _emit({"event": "error", "error": f"{type(e).__name__}: {e}"})

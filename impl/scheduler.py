@@ -299,9 +299,11 @@ class Scheduler:
 
     # ----------------------------------------------------------------- public API
     def generate(self, name: str, prompt, max_tokens: int = 128, media=(),
-                 on_token: Optional[Callable] = None, cancel: Optional[Callable[[], bool]] = None) -> dict:
+                 on_token: Optional[Callable] = None, cancel: Optional[Callable[[], bool]] = None,
+                 **request) -> dict:
         """Run one request on ``name``'s runner, loading it first if needed. Streams through
-        ``on_token``; returns the runner's final line (tokens, text, stats)."""
+        ``on_token``; returns the runner's final line (tokens, text, stats). ``request`` (the
+        runner's options, boundaries) goes to the runner client as it is."""
         for attempt in range(2):
             e = self._acquire(name)
             try:
@@ -310,7 +312,7 @@ class Scheduler:
                         continue        # died while we queued: load a fresh runner once
                     try:
                         result = e.client.generate(prompt, max_tokens, media=media,
-                                                   on_token=on_token, cancel=cancel)
+                                                   on_token=on_token, cancel=cancel, **request)
                     except RunnerDied as exc:
                         self._drop(e, str(exc))
                         raise

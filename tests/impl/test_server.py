@@ -17,15 +17,13 @@ import psutil
 import pytest
 
 from impl.chat import chat
-from impl.client import RunnerClient, runner_env, runner_processes
+from impl.client import runner_env, runner_processes
 from impl.scheduler import Scheduler
 from impl.server import make_server
 from tests.support.fake_engine import FAKE_ENGINE
+from tests.support.servers import call, fake_server, lines, state
 
-GiB = 1 << 30
 MiB = 1 << 20
-
-
 
 
 @pytest.fixture(autouse=True)
@@ -47,130 +45,74 @@ def clean_at_the_end():
 @pytest.fixture(scope="module")
 def server():
     """One server for the module (its runner stays loaded between tests, as a server's would)."""
-    sizes = {"a": 2 * MiB, "b": 3 * MiB}
-
-    def factory(name):
-        return RunnerClient(name, engine=FAKE_ENGINE, load_timeout=30,
-                            runner_args=["--fake-weight-bytes", str(sizes[name]), "--fake-token-delay", "0.02"])
-    sched = Scheduler(factory, device_total=lambda: 10 * GiB, system_free=lambda: 10 * GiB,
-                      required_bytes=lambda n: sizes[n], known_model=lambda n: n in sizes)
-    httpd = make_server(sched, "127.0.0.1", 0, max_prompt_tokens=64, max_body_bytes=4096)
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
-    t.start()
-    yield httpd.server_address[1], sched
-    httpd.shutdown()
-    httpd.server_close()
-    sched.close()
+    with fake_server({"a": 2 * MiB, "b": 3 * MiB}, max_prompt_tokens=64, max_body_bytes=4096) as s:
+        yield s
 
 
-def call(port, method, path, body=None, raw=None, timeout=20):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
+def chat_body(n=1, **kw):
+    return dict({"model": "a", "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": n}}, **kw)
 
 
-def lines(data: bytes):
-    return [json.loads(x) for x in data.splitlines() if x.strip()]
-
-
-def state(sched):
-    return sorted((n, m) for n, _i, _t, m in sched.snapshot()), len(sched.decisions)
-
-
-def test_generate_streams_then_lists_trie_and_unloads(server):
+def test_ps_trie_and_unload_of_our_own(server):
     port, sched = server
-    status, data = call(port, "POST", "/api/generate", {"model": "a", "prompt": [1, 2, 3], "max_tokens": 4})
-    assert status == 200
-    out = lines(data)
-    assert [("token" in m) for m in out[:-1]] == [True] * 4
-    assert out[-1]["done"] and out[-1]["model"] == "a" and out[-1]["tokens"] == [m["token"] for m in out[:-1]]
-    assert set(out[-1]["stats"]) >= {"total", "matched", "resumed", "prefilled"}
-    status, data = call(port, "POST", "/api/generate",
-                        {"model": "a", "prompt": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-                         "stream": False})
-    assert status == 200 and json.loads(data)["done"]
+    status, data = call(port, "POST", "/api/chat", chat_body(4))
+    assert status == 200 and lines(data)[-1]["done"]
     status, data = call(port, "GET", "/api/ps")
     (m,) = json.loads(data)["models"]
-    assert m["model"] == "a" and m["memory"]["weights"] == 2 * MiB and m["pid"] > 0
-    status, data = call(port, "GET", "/api/trie?model=a")
+    assert m["model"] == "a" and m["x_memory"]["weights"] == 2 * MiB and m["x_pid"] > 0
+    assert m["size"] >= 2 * MiB and m["size_vram"] == 0 and m["expires_at"].endswith("Z")
+    status, data = call(port, "GET", "/x/trie?model=a")
     assert status == 200 and "stream 0" in json.loads(data)["dump"]
-    status, data = call(port, "GET", "/api/trie?model=a&format=json")
+    status, data = call(port, "GET", "/x/trie?model=a&format=json")
     assert status == 200 and json.loads(data)["trie"]["streams"]
-    status, data = call(port, "POST", "/api/unload", {"model": "a"})
+    status, data = call(port, "POST", "/x/unload", {"model": "a"})
     assert status == 200 and json.loads(data) == {"model": "a", "unloaded": True}
     assert json.loads(call(port, "GET", "/api/ps")[1])["models"] == []
     assert not [p for p in runner_processes() if "--model a" in " ".join(p.cmdline())]
-
-
-BAD = [
-    (b"{oops", 400, "malformed JSON"),
-    (b'"just a string"', 400, "JSON object"),
-    (json.dumps({"prompt": [1], "max_tokens": 1}).encode(), 400, "missing field 'model'"),
-    (json.dumps({"model": "", "prompt": [1]}).encode(), 400, "non-empty string"),
-    (json.dumps({"model": "a"}).encode(), 400, "missing field 'prompt'"),
-    (json.dumps({"model": "a", "prompt": [1], "max_tokens": -5}).encode(), 400, "'max_tokens' must be >= 0"),
-    (json.dumps({"model": "a", "prompt": [1], "max_tokens": 10 ** 9}).encode(), 400, "exceeds the limit"),
-    (json.dumps({"model": "a", "prompt": [1.5]}).encode(), 400, "token ids"),
-    (json.dumps({"model": "a", "prompt": list(range(65))}).encode(), 413, "limit is 64"),
-    (json.dumps({"model": "a", "prompt": [1] * 2000}).encode(), 413, "exceeds the limit of 4096"),
-    (json.dumps({"model": "zzz", "prompt": [1]}).encode(), 404, "unknown model 'zzz'"),
-]
-
-
-@pytest.mark.parametrize("raw,status,needle", BAD)
-def test_bad_generate_input_is_4xx_with_no_state_change(server, raw, status, needle):
-    port, sched = server
-    call(port, "POST", "/api/generate", {"model": "a", "prompt": [1], "max_tokens": 1})
-    before = state(sched)
-    got, data = call(port, "POST", "/api/generate", raw=raw)
-    assert got == status, data
-    assert needle in json.loads(data)["error"]
-    assert state(sched) == before
+    assert call(port, "GET", "/")[1] == b"Ollama is running"
 
 
 @pytest.mark.parametrize("method,path,body,status,needle", [
-    ("GET", "/api/trie", None, 400, "missing query parameter 'model'"),
-    ("GET", "/api/trie?model=b", None, 404, "not loaded"),
-    ("GET", "/api/trie?model=a&format=xml", None, 400, "'format'"),
-    ("POST", "/api/unload", {"nomodel": 1}, 400, "missing field 'model'"),
+    ("GET", "/x/trie", None, 400, "missing query parameter 'model'"),
+    ("GET", "/x/trie?model=b", None, 404, "not loaded"),
+    ("GET", "/x/trie?model=a&format=xml", None, 400, "'format'"),
+    ("POST", "/x/unload", {"nomodel": 1}, 400, "missing field 'model'"),
     ("GET", "/api/nothing", None, 404, "no such endpoint"),
     ("POST", "/api/nothing", {}, 404, "no such endpoint"),
+    ("POST", "/api/pull", {"model": "a"}, 404, "no such endpoint"),
 ])
 def test_other_bad_requests(server, method, path, body, status, needle):
     port, sched = server
-    call(port, "POST", "/api/generate", {"model": "a", "prompt": [1], "max_tokens": 1})
-    before = state(sched)
+    call(port, "POST", "/api/chat", chat_body())
+    before = state(port, sched)
     got, data = call(port, method, path, body)
     assert got == status and needle in json.loads(data)["error"]
-    assert state(sched) == before
+    assert state(port, sched) == before
 
 
 def test_unload_of_a_model_not_loaded_is_a_noop(server):
     port, sched = server
-    got, data = call(port, "POST", "/api/unload", {"model": "b"})
+    got, data = call(port, "POST", "/x/unload", {"model": "b"})
     assert got == 200 and json.loads(data)["unloaded"] is False
 
 
 def test_http_client_hanging_up_cancels_in_the_runner(server):
     port, sched = server
-    call(port, "POST", "/api/generate", {"model": "a", "prompt": [1], "max_tokens": 1})
+    call(port, "POST", "/api/chat", chat_body())
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    conn.request("POST", "/api/generate", body=json.dumps({"model": "a", "prompt": [7, 8], "max_tokens": 2000}),
+    conn.request("POST", "/api/generate", body=json.dumps({"model": "a", "prompt": [7, 8],
+                                                           "options": {"num_predict": 2000}}),
                  headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200
     for _ in range(3):
-        assert "token" in json.loads(resp.readline())
+        assert "response" in json.loads(resp.readline())
     resp.close()
     conn.close()
-    t0 = time.monotonic()
-    status, data = call(port, "POST", "/api/generate", {"model": "a", "prompt": [1], "max_tokens": 1})
-    assert status == 200 and time.monotonic() - t0 < 5   # 2000 tokens would take 40 s
+    status, data = call(port, "POST", "/api/chat", chat_body())   # waits for the engine: the stream ended
+    assert status == 200
+    streams = json.loads(call(port, "GET", "/x/trie?model=a&format=json")[1])["trie"]["streams"]
+    assert any(5 <= n < 100 for n in streams), streams            # [7, 8] + a few tokens, not 2000
 
 
 def test_server_refuses_non_loopback_hosts():
@@ -180,14 +122,28 @@ def test_server_refuses_non_loopback_hosts():
             make_server(sched, host, 0)
 
 
-def test_chat_prints_each_turn_with_cache_stats(server):
+def test_chat_prints_each_turn_with_reuse_and_memory_at_exit(server):
     port, _sched = server
     out = io.StringIO()
     rc = chat("a", "127.0.0.1", port, max_tokens=3, inp=io.StringIO("hello\nsecond turn\n/bye\n"), out=out)
     text = out.getvalue()
     assert rc == 0
-    assert text.count("[cache]") == 2 and "matched=" in text and "prefilled=" in text and "resumed=" in text
-    assert ">>> second turn" in text
+    cache = [ln for ln in text.splitlines() if ln.startswith("[cache]")]
+    assert len(cache) == 2 and all("reused" in ln and "evaluated" in ln for ln in cache), text
+    total1 = int(cache[0].split("prompt ")[1].split()[0])
+    reused2 = int(cache[1].split("tokens: ")[1].split()[0])
+    assert reused2 >= total1, cache                                 # turn 2 resumes after turn 1's prompt
+    assert ">>> second turn" in text and "\r" not in text          # no spinner off a terminal
+    (mem,) = [ln for ln in text.splitlines() if ln.startswith("[memory]")]
+    assert mem.startswith("[memory] a: weights 2.0 MiB") and "budget" in mem
+
+
+def test_spinner_runs_until_the_first_text():
+    from impl.chat import Spinner
+    out = io.StringIO()
+    s = Spinner(out, enabled=True)
+    s.stop()
+    assert out.getvalue().startswith("\r") and "evaluating the prompt" in out.getvalue()
 
 
 def test_cli_serve_refuses_other_hosts_and_shuts_down_cleanly():
@@ -201,7 +157,8 @@ def test_cli_serve_refuses_other_hosts_and_shuts_down_cleanly():
         line = p.stdout.readline()
         assert line.startswith("listening on http://127.0.0.1:")
         port = int(line.split(":")[2].split()[0])
-        status, data = call(port, "POST", "/api/generate", {"model": "m", "prompt": [1, 2], "max_tokens": 2})
+        status, data = call(port, "POST", "/api/generate", {"model": "m", "prompt": [1, 2],
+                                                            "options": {"num_predict": 2}})
         assert status == 200 and lines(data)[-1]["done"]
         runner_pids = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
         assert runner_pids

@@ -8,6 +8,7 @@ arguments the runner does not know go to ``load``, which reads these:
     --fake-load-delay S     seconds the load takes (close-during-load tests)
     --fake-fail-load        the load fails (reported as {"event": "error"}; the runner exits 3)
     --fake-mlx              weights as MLX arrays built through a transform (A3 pool-release test)
+    --fake-context N        the context length: a longer prompt is refused like the engine does (default 4096)
     --ignore-signals        ignore SIGINT and SIGTERM from the load on (close must SIGKILL)
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import time
 from typing import Any
 
+from impl.media import BadRequest
 from impl.prefix_cache import Stats
 
 FAKE_ENGINE = "tests.support.fake_engine:load"
@@ -34,19 +36,30 @@ class FakeResult:
 
 
 class FakeTokenizer:
+    eos_token_id = None        # the fake never ends a reply by itself
+
     def decode(self, tokens, skip_special_tokens=False):
         return "".join(f" t{t}" for t in tokens)
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % 997 + 3 for c in text]
 
 
 class FakeEngine:
     """Its "prefix cache" remembers whole token streams and reports the longest common prefix as
     matched (leaving one prompt token to evaluate), so chat clients see plausible stats."""
 
-    def __init__(self, weight_bytes: int, token_delay: float):
+    def __init__(self, weight_bytes: int, token_delay: float, context_length: int = 4096):
         self.weight_bytes = weight_bytes
         self.token_delay = token_delay
+        self.context_length = context_length
+        self.budget = 1 << 62
+        self.boundaries: list = []       # the last request's, as the runner passed them
         self.stored: list[list[int]] = []
         self.tokenizer = FakeTokenizer()
+
+    def set_budget(self, budget_bytes: int) -> None:
+        self.budget = budget_bytes
 
     @staticmethod
     def _ids(prompt) -> list[int]:
@@ -57,8 +70,11 @@ class FakeEngine:
             return out
         return list(prompt)
 
-    def generate(self, prompt, max_tokens, media=(), cancel=None, on_token=None):
+    def generate(self, prompt, max_tokens, media=(), cancel=None, on_token=None, sampler=None, boundaries=None):
         ids = self._ids(prompt)
+        if len(ids) >= self.context_length:
+            raise BadRequest(f"prompt of {len(ids)} tokens is at or over the context length {self.context_length}")
+        self.boundaries = list(boundaries or [])
         matched = 0
         for s in self.stored:
             n = 0
@@ -75,6 +91,9 @@ class FakeEngine:
             if self.token_delay:
                 time.sleep(self.token_delay)
             tok = (seed + 7 * i) % 1000
+            if sampler is not None:     # logits that depend on the prompt and the step only
+                import numpy as np
+                tok = sampler(np.cos(np.arange(1000.0) * (seed + i + 1) / 7.0)[None, None, :] * 4.0)
             out.append(tok)
             if on_token is not None:
                 on_token(tok)
@@ -85,13 +104,16 @@ class FakeEngine:
         return FakeResult(tokens=out, stats=stats, cancelled=cancelled)
 
     def memory(self) -> dict:
-        return {"weights": self.weight_bytes, "live_caches": 0, "paged_out": 0}
+        return {"weights": self.weight_bytes, "live_caches": 0, "paged_out": 0, "budget": self.budget}
 
     def dump(self) -> str:
         return "\n".join(f"stream {i}: {len(s)} tokens" for i, s in enumerate(self.stored)) or "(empty)"
 
     def dump_json(self) -> dict:
-        return {"streams": [len(s) for s in self.stored]}
+        out = {"streams": [len(s) for s in self.stored]}
+        if self.boundaries:
+            out["boundaries"] = self.boundaries
+        return out
 
 
 def _mlx_weights(nbytes: int):
@@ -114,6 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fake-load-delay", type=float, default=0.0)
     p.add_argument("--fake-fail-load", action="store_true")
     p.add_argument("--fake-mlx", action="store_true", help="fake weights as MLX arrays built by a transform")
+    p.add_argument("--fake-context", type=int, default=4096)
     p.add_argument("--ignore-signals", action="store_true", help="ignore SIGINT and SIGTERM")
     return p
 
@@ -129,7 +152,7 @@ def load(runner_args, argv: list) -> tuple[Any, Any, dict]:
         time.sleep(args.fake_load_delay)
     if args.fake_fail_load:
         raise RuntimeError(f"fake load of {runner_args.model!r} failed as asked")
-    engine = FakeEngine(args.fake_weight_bytes, args.fake_token_delay)
+    engine = FakeEngine(args.fake_weight_bytes, args.fake_token_delay, args.fake_context)
     if args.fake_mlx:
         from impl.memory import release_pool
         engine._weights = _mlx_weights(args.fake_weight_bytes)
