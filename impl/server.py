@@ -111,8 +111,9 @@ class ServerHandler(JSONHandler):
         return self.app.limits["max_body_bytes"]
 
     def _json_body(self) -> dict:
+        body = self._read_body()          # 411/413 raised here, not as malformed JSON
         try:
-            obj = json.loads(self._read_body())
+            obj = json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
             raise BadRequest(f"malformed JSON: {e}")
         if not isinstance(obj, dict):

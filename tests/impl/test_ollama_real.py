@@ -1,0 +1,61 @@
+"""The official ``ollama`` client, unchanged, against the real server and SmolLM2-135M in a real
+runner process: a three-turn chat whose second and third turns are served from the prefix cache.
+
+Ollama's ``prompt_eval_count`` counts the prompt tokens the model evaluated: turn 1 evaluates its
+whole prompt; on turns 2 and 3 the previous prompt and answer are resumed from the cache, so at
+most the new part (the end of the last answer, the new question, the template's turn markers) is
+evaluated: prompt_eval_count <= len(prompt_k) - len(prompt_{k-1}) + 1.
+"""
+from __future__ import annotations
+
+import faulthandler
+import threading
+
+import ollama
+import pytest
+
+from impl.client import runner_processes
+from impl.models import MODEL_NAMES, shared_tokenizer
+from impl.scheduler import Scheduler
+from impl.server import make_server
+
+QUESTIONS = ["What is the capital of France?", "And of Germany?", "Which of the two is larger?"]
+
+
+@pytest.fixture
+def real_server():
+    faulthandler.dump_traceback_later(300, exit=True)
+    sched = Scheduler(engine="real", load_timeout=240)
+    httpd = make_server(sched, "127.0.0.1", 0, models=MODEL_NAMES)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield httpd.server_address[1]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        sched.close()
+        faulthandler.cancel_dump_traceback_later()
+    assert not runner_processes()
+
+
+def test_three_turn_chat_reuses_the_conversation(real_server):
+    client = ollama.Client(host=f"http://127.0.0.1:{real_server}")
+    tok = shared_tokenizer()
+    messages, counts, lengths = [], [], []
+    for turn, q in enumerate(QUESTIONS, 1):
+        messages.append({"role": "user", "content": q})
+        parts = list(client.chat("smollm2", messages=messages, stream=True, options={"num_predict": 12}))
+        last = parts[-1]
+        answer = "".join(p.message.content for p in parts)
+        print(f"turn {turn}: {q!r} -> {answer!r} prompt_eval_count={last.prompt_eval_count} "
+              f"eval_count={last.eval_count} done_reason={last.done_reason}")
+        assert last.done and answer.strip() and 1 <= last.eval_count <= 12
+        assert last.done_reason in ("stop", "length")
+        counts.append(last.prompt_eval_count)
+        lengths.append(len(tok.apply_chat_template(messages, add_generation_prompt=True)))
+        messages.append({"role": "assistant", "content": answer})
+    assert "Paris" in messages[1]["content"]
+    assert counts[0] == lengths[0]                       # nothing cached on turn 1
+    for k in (1, 2):                                     # turns 2 and 3: only the new part
+        assert counts[k] <= lengths[k] - lengths[k - 1] + 1, (counts, lengths)
+        assert counts[k] < lengths[k] // 2, (counts, lengths)
