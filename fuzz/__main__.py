@@ -24,6 +24,13 @@ def campaign_parser() -> argparse.ArgumentParser:
     g.add_argument("--minutes", type=float, help="wall-time bound for the whole campaign")
     g.add_argument("--requests", type=int, help="generate requests per model")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "q4"),
+                   help="model dtype (default $PREFIX_TRIE_DTYPE or float32; q4: SmolLM2's quantised GGUF "
+                        "weights, for accelerators; other models stay float32 under q4)")
+    p.add_argument("--recheck", choices=("auto", "on", "off"), default="auto",
+                   help="replay every passed case on the float32 model (on the CPU under TF32): the stronger "
+                        "oracle where the calibrated tolerance cannot separate planted states; auto = on for "
+                        "bfloat16/float16 and on a TF32 GPU")
     p.add_argument("--budget", default="8ckpt",
                    help="paged-out byte budget: bytes, '<x>MiB', or '<n>ckpt' = n x one checkpoint (default 8ckpt)")
     p.add_argument("--report", type=Path, help="report directory (default reports/<timestamp>)")
@@ -43,6 +50,12 @@ def main_campaign(argv) -> int:
 
     models = args.model or ["all"]
     args.models = list(MODEL_NAMES) if "all" in models else list(dict.fromkeys(models))
+    from impl.models import default_dtype
+
+    from .calibrate import device_key
+    args.dtype = args.dtype or default_dtype()
+    args.recheck = args.recheck == "on" or (args.recheck == "auto" and (args.dtype in ("bfloat16", "float16")
+                                                                          or "+tf32" in device_key()))
     if args.minutes is None and args.requests is None:
         args.minutes = 10.0
     report_dir = args.report or Path("reports") / time.strftime("%Y%m%d-%H%M%S")

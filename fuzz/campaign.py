@@ -50,13 +50,15 @@ class ModelStats:
     max_active: int = 0
     max_live: int = 0
     max_mem_slack: int = 0     # largest MLX active memory not explained by weights + engines' bytes
+    rechecked: int = 0         # cases replayed in float32 (--recheck)
     kinds: dict = field(default_factory=dict)
 
 
 class ModelRun:
     def __init__(self, name: str, seed: int, args):
         self.name = name
-        self.loaded = load(name)
+        dtype = getattr(args, "dtype", None)
+        self.loaded = load(name, "float32" if dtype == "q4" and name != "smollm2" else dtype)
         self.settings = resolve_settings(self.loaded, args.budget, args.chunk, args.interval, args.near_end)
         self.seed, self.args = seed, args
         self.stats = ModelStats()
@@ -76,6 +78,7 @@ class Campaign:
         self.args = args
         self.report_dir = report_dir
         self.oracle = ColdOracle()
+        self.recheck_oracle = ColdOracle()
         self.models = [ModelRun(m, args.seed, args) for m in args.models]
         self.cases_dir = report_dir / "cases"
         self.failures: list = []
@@ -180,6 +183,42 @@ class Campaign:
         if leaked:
             self._record_failure(m, Failure("A2", f"{leaked} snapshots alive after the engine was torn down"),
                                  len(m.ops) - 1)
+        elif getattr(self.args, "recheck", False) and m.ops:
+            self.recheck(m)
+
+    def recheck(self, m: ModelRun) -> None:
+        """The stronger oracle where the calibrated tolerance cannot separate every planted state
+        (half precision, TF32): the case's concrete operations replayed on the float32 model, on the
+        CPU when the device runs float32 matmuls in TF32; failures are saved unshrunk as float32
+        cases (`python -m fuzz replay` runs them as recorded)."""
+        from .calibrate import device_key
+        from .cases import run_ops
+
+        ops = [strip_private(op) for op in m.ops]
+        dev = mx.cpu if "+tf32" in device_key() else mx.default_device()
+        old = mx.default_device()
+        mx.set_default_device(dev)
+        try:
+            ref = load(m.name, "float32")
+            settings = resolve_settings(ref, self.args.budget, self.args.chunk, self.args.interval,
+                                        self.args.near_end)
+            res = run_ops(ref, settings, ops, self.recheck_oracle)
+        finally:
+            mx.set_default_device(old)
+        m.stats.rechecked += 1
+        if res.failure is not None:
+            f = res.failure
+            m.stats.failures += 1
+            self.cases_dir.mkdir(parents=True, exist_ok=True)
+            k = len(self.failures) + 1
+            path = self.cases_dir / f"{m.name}-recheck-{f.signature.replace(':', '_').replace(',', '_')}-{k}.json"
+            case = make_case(m.name, settings, ops[:res.failed_at + 1], f, dtype="float32",
+                             description=f"float32 recheck ({dev}) of a {m.loaded.dtype} case that passed "
+                                         f"(seed {self.args.seed}, case seed {m.case_seed})", expect="pass")
+            path.write_text(json.dumps(case, indent=1))
+            self.failures.append({"model": m.name, "signature": "recheck-f32:" + f.signature,
+                                  "message": f.message[:4000], "case": str(path), "operations": len(ops),
+                                  "shrunk_to": res.failed_at + 1, "shrink_trials": 0, "shrink_s": 0.0})
 
     # ------------------------------------------------------------- failures
     def failed(self, m: ModelRun, f: Failure) -> None:
@@ -196,7 +235,7 @@ class Campaign:
         self.cases_dir.mkdir(parents=True, exist_ok=True)
         k = len(self.failures) + 1
         name = f"{m.name}-{f.signature.replace(':', '_').replace(',', '_')}-{k}.json"
-        case = make_case(m.name, m.settings, small.ops, small.failure or f,
+        case = make_case(m.name, m.settings, small.ops, small.failure or f, dtype=m.loaded.dtype,
                          description=f"found by the campaign (seed {self.args.seed}, case seed {m.case_seed}); "
                                      f"shrunk from {len(ops)} to {len(small.ops)} operations in {trials} trials",
                          expect="pass")

@@ -71,7 +71,7 @@ def run_ops(loaded, settings: dict, ops: list, oracle: ColdOracle, on_op=None) -
 def run_case(case: dict, oracle: ColdOracle | None = None, on_op=None) -> CaseResult:
     if case.get("format") != CASE_FORMAT:
         raise ValueError(f"not a fuzz case (format {case.get('format')!r}, expected {CASE_FORMAT})")
-    loaded = load(case["model"])
+    loaded = load(case["model"], case.get("dtype"))
     settings, ops = case_settings(case, loaded)
     return run_ops(loaded, settings, ops, oracle or ColdOracle(), on_op)
 

@@ -8,8 +8,10 @@ Checks (REFERENCE rule ids; every failure message starts with its signature):
           trie nodes of every live engine, after every operation; and 0 leaked when a case's
           engine is torn down.
   E1      paged-out bytes <= budget unless no node is evictable (stated explicitly too).
-  C1      first_logits within ATOL (abs) of a cold run, greedy tokens equal; a greedy mismatch
-          where the cold top-2 logit gap is below TIE is a tie (counted, reported, not a failure).
+  C1      first_logits within the calibrated tolerance (fuzz/calibrate.py: per model, device and
+          dtype, from the cold path's own chunking noise) of a cold run, greedy tokens equal; a
+          greedy mismatch where the cold top-2 logit gap is below the calibrated tie gap (2 x tol,
+          at least 1e-3) is a tie (counted, reported, not a failure).
           Cold run: text-only prompts -> mlx-lm's own stock caches (make_prompt_cache), one
           forward of the whole prompt, then greedy steps: an independent path. Prompts with media
           -> a fresh Engine with an empty trie and one prefill chunk (stock caches cannot build the
@@ -38,8 +40,8 @@ from impl.trie import walk
 
 from .workload import media_from_json
 
-ATOL = 1e-3            # |logits - cold| bound (float32; measured ~5e-5 SmolLM2, ~3e-6 hybrids)
-TIE = 1e-3             # cold top-2 gap below which a greedy mismatch is a tie
+ATOL = None            # the C1 bound is calibrated per (model, device, dtype): fuzz.calibrate.tolerance
+TIE = 1e-3             # the smallest tie gap (fuzz.calibrate.TIE_MIN); calibrated: max(TIE, 2 x tol)
 MEM_MARGIN = 16 << 20  # allocator slack, small arrays (logits, masks); measured slack <= 0.5 MiB here
 A3_MARGIN = 16 << 20
 
@@ -114,7 +116,7 @@ class ColdOracle:
         self.seconds = 0.0
 
     def get(self, loaded, tokens, media_json, max_tokens: int) -> Cold:
-        key = (loaded.name, tuple(tokens), tuple(sorted((m["pos"], m["length"], m["data"], tuple(m["dims"]),
+        key = (loaded.name, getattr(loaded, "dtype", "float32"), tuple(tokens), tuple(sorted((m["pos"], m["length"], m["data"], tuple(m["dims"]),
                                                           m["causal"]) for m in media_json)))
         have = self.cache.get(key)
         if have is not None and (have.eos or len(have.tokens) >= max_tokens):
@@ -219,7 +221,10 @@ class Runner:
     tie_notes: list = field(default_factory=list)
 
     def __post_init__(self):
+        from .calibrate import calibration
         s = self.settings
+        cal = calibration(self.loaded)
+        self.tol, self.tie = cal.tol, cal.tie
         self.engine = Engine(self.loaded, s["budget"], chunk_size=s["chunk_size"],
                              capture_interval=s["capture_interval"], near_end=s["near_end"], check_rules=True)
         register(self.engine)
@@ -340,12 +345,13 @@ class Runner:
                 diff = float(np.abs(first - cold.logits).max())
                 rec.max_diff = diff
                 rec.checks += 1
-                if not diff <= ATOL:
-                    raise Failure("C1-logits", f"first logits differ from the cold run by {diff:.3g} > {ATOL} "
+                if not diff <= self.tol:
+                    raise Failure("C1-logits", f"first logits differ from the cold run by {diff:.3g} > "
+                                               f"{self.tol:.3g} (calibrated) "
                                                f"(resumed at {r.stats.resumed} of {n})")
             for i, (a, b) in enumerate(zip(r.tokens, cold.tokens)):
                 if a != b:
-                    if cold.gaps[i] < TIE:
+                    if cold.gaps[i] < self.tie:
                         rec.ties += 1
                         self.tie_notes.append({"op": index, "step": i, "gap": cold.gaps[i]})
                         break

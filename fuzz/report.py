@@ -20,7 +20,12 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from .oracle import A3_MARGIN, ATOL, MEM_MARGIN, TIE
+from .oracle import A3_MARGIN, MEM_MARGIN, TIE
+
+
+def _device() -> str:
+    from .calibrate import device_key
+    return device_key()
 
 
 def _mib(x: int) -> str:
@@ -38,6 +43,9 @@ def build(campaign) -> dict:
         s["layer_kinds"] = sorted({k for k in m.loaded.layer_kinds if k})
         s["weights_bytes"] = m.loaded.weight_bytes
         s["series"] = m.series
+        from .calibrate import calibration
+        cal = calibration(m.loaded)
+        s["calibration"] = {k: v for k, v in cal.as_dict().items() if k != "probes"}
         models[m.name] = s
     return {
         "format": "prefix-trie-fuzz-report/1",
@@ -45,7 +53,11 @@ def build(campaign) -> dict:
         "elapsed_s": round(getattr(campaign, "elapsed", 0.0), 1),
         "settings": {"budget": args.budget, "chunk": args.chunk, "interval": args.interval,
                      "near_end": args.near_end, "case_len": args.case_len, "shrink_seconds": args.shrink_seconds},
-        "tolerance": {"logits_atol": ATOL, "tie_gap": TIE, "mem_margin": MEM_MARGIN, "a3_margin": A3_MARGIN},
+        "tolerance": {"logits_atol": {n: models[n]["calibration"]["tol"] for n in models},
+                      "tie_gap": {n: models[n]["calibration"]["tie"] for n in models}, "tie_min": TIE,
+                      "mem_margin": MEM_MARGIN, "a3_margin": A3_MARGIN},
+        "device": _device(), "dtype": getattr(args, "dtype", "float32"),
+        "recheck": bool(getattr(args, "recheck", False)),
         "oracle": {"text_only": "mlx-lm stock caches (make_prompt_cache), one forward of the prompt, greedy steps",
                    "media": "a fresh Engine with an empty trie, one prefill chunk (stock caches cannot build "
                             "the bidirectional mask of a non-causal item)",
@@ -67,9 +79,11 @@ def markdown(rep: dict) -> str:
              f"{rep['settings']['interval']}, near end {rep['settings']['near_end']}, case length "
              f"{rep['settings']['case_len']} operations.", "",
              f"C1 oracle: text-only prompts against {rep['oracle']['text_only']}; media prompts against "
-             f"{rep['oracle']['media']}. Tolerance: |logits - cold| <= {rep['tolerance']['logits_atol']} "
-             f"(float32), greedy tokens exact, a mismatch with cold top-2 gap < {rep['tolerance']['tie_gap']} "
-             f"is a tie. Cold runs {rep['oracle']['cold_runs']} ({rep['oracle']['cold_seconds']} s), "
+             f"{rep['oracle']['media']}. Device {rep.get('device')}, dtype {rep.get('dtype')}. Tolerance: "
+             f"|logits - cold| <= the calibrated tolerance per model (fuzz/calibrate.py; table below), greedy "
+             f"tokens exact, a mismatch with cold top-2 gap < the calibrated tie gap is a tie"
+             f"{'; every passed case replayed on the float32 model (recheck)' if rep.get('recheck') else ''}. "
+             f"Cold runs {rep['oracle']['cold_runs']} ({rep['oracle']['cold_seconds']} s), "
              f"served from the cold cache {rep['oracle']['cold_cache_hits']}.", "",
              "| model | requests | req/min | cases | checks | failures | ties | cancelled | squeezes | evictions "
              "| prefilled | reused | ideal | no cache | prefilled/ideal | max C1 diff |",
@@ -80,6 +94,15 @@ def markdown(rep: dict) -> str:
                      f"{s['failures']} | {s['ties']} | {s['cancelled']} | {s['squeezes']} | {s['evictions']} | "
                      f"{s['prefilled']} | {s['reused']} | {s['ideal']} | {s['no_cache']} | {ratio} | "
                      f"{s['max_c1_diff']:.2g} |")
+    lines += ["", "Calibrated C1 tolerance (tol = max(K x noise, floor); tie = max(1e-3, 2 x tol)):", "",
+              "| model | device | dtype | noise | K | floor | tol | tie | max C1 diff / tol | cases rechecked |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, s in rep["per_model"].items():
+        c = s.get("calibration") or {}
+        if c:
+            lines.append(f"| {name} | {c['device']} | {c['dtype']} | {c['noise']:.3g} | {c['k']:g} | "
+                         f"{c['floor']:.3g} | {c['tol']:.3g} | {c['tie']:.3g} | "
+                         f"{s['max_c1_diff'] / c['tol']:.2f} | {s.get('rechecked', 0)} |")
     lines += ["", "Memory (budget = the model's budget in bytes; one checkpoint = whole-state of every "
               "windowed/recurrent layer + `interval` rows of every KV layer):", "",
               "| model | weights | ckpt | budget | max paged out | max live caches | max MLX active | "

@@ -1,0 +1,181 @@
+"""The C1 tolerance, calibrated per (model, device, dtype) from the cold path's own noise.
+
+REFERENCE C1: a restored state must give the same next logits as a cold prefill "to floating-point
+tolerance", and that tolerance is a property of the model, the device and the dtype, not a constant:
+on the CPU in float32 chunking moves logits by < 1e-4, on MLX's CUDA backend with TF32 matmuls by up
+to 6e-2, in half precision by more.
+
+Noise: for a few fixed probe prompts P (random token ids, fixed seeds; lengths per device below),
+the last-position logits of one forward of all of P (mlx-lm's stock caches: the fuzz oracle's cold
+run) against the same prompt prefilled the ways the engine prefills it, on fresh caches (no trie,
+no restore): chunk 16 cut at the capture interval 32 and 4 before the end (the fuzz defaults),
+chunk 3, chunk 64 (the engine default), a single resume cut at n/2, each with the last token alone
+(the decode seed), through our layer caches (impl.caches), and chunk 16 through mlx-lm's stock caches.
+
+    noise = max over probes and chunkings of max_i |logits_chunked_i - logits_one_forward_i|
+    scale = max over probes of max_i |logits_one_forward_i|
+    tol   = max(K * noise, FLOOR * eps(dtype) * scale)        K = 8, FLOOR = 2
+    tie   = max(TIE_MIN, 2 * tol)                             TIE_MIN = 1e-3
+
+K = 8: the probes are short and few, the fuzz sees longer prompts and other cuts; on the CPU in
+float32 the largest difference the test suite and the campaign ever measured was ~1.5x the
+calibrated noise. The floor, two units in the last place of the largest logit, covers models whose
+chunking is bit-exact (noise 0, e.g. half precision on the CPU). eps is the activations' dtype
+(float32 for q4). A greedy token may differ from the cold run only where the
+cold top-2 gap is below `tie`: noise of at most tol on each logit cannot swap a wider gap.
+
+The planted wrong states of fuzz/planted.py must exceed tol by a wide margin;
+`python -m fuzz.calibrate --report DIR` measures both and writes the table (docs/fuzz.md).
+Calibrations are cached per (model, device, dtype) for the process.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+K = 8.0
+FLOOR = 2
+TIE_MIN = 1e-3
+EPS = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10, "q4": 2.0 ** -23}
+# probe prompt lengths: SmolLM2 is ~50x slower than the small hybrids on the CPU
+LENGTHS = {("cpu", "smollm2"): (40,), ("cpu", None): (48, 96, 160), ("gpu", None): (96, 256, 480)}
+
+
+def device_key() -> str:
+    """'cpu', or 'gpu:<name>' with '+tf32' when MLX's CUDA backend runs float32 matmuls in TF32
+    (its default; MLX_ENABLE_TF32=0 turns it off)."""
+    d = mx.default_device()
+    if d.type == mx.cpu:
+        return "cpu"
+    try:
+        name = str(mx.device_info().get("device_name", "gpu")).replace(" ", "-")
+    except Exception:
+        name = "gpu"
+    cuda = False
+    try:
+        cuda = bool(mx.cuda.is_available())
+    except Exception:
+        pass
+    tf32 = cuda and os.environ.get("MLX_ENABLE_TF32", "1") != "0"
+    return f"gpu:{name}" + ("+tf32" if tf32 else "")
+
+
+@dataclass
+class Calibration:
+    model: str
+    device: str
+    dtype: str
+    noise: float
+    scale: float
+    tol: float
+    tie: float
+    k: float = K
+    floor: float = 0.0
+    seconds: float = 0.0
+    probes: list = field(default_factory=list)     # [n, chunking, diff]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+_CAL: dict = {}
+
+
+def chunkings(n: int) -> dict:
+    """name -> the forward boundaries [0, c1, ..., n-1, n] the engine would cut a prompt of n at."""
+    def chunked(size, interval=0, near_end=0):
+        cuts = set(range(0, n - 1, size)) | {n - 1, n}
+        if interval:
+            cuts |= set(range(interval, n - 1, interval))
+        if near_end and n - 1 - near_end > 0:
+            cuts.add(n - 1 - near_end)
+        return sorted(cuts)
+    return {"chunk16+i32+e4": chunked(16, 32, 4), "chunk3": chunked(3), "chunk64+e4": chunked(64, 0, 4),
+            "resume@n/2": sorted({0, n // 2, n - 1, n})}
+
+
+def probe_tokens(lm, n: int) -> list:
+    rng = np.random.default_rng(1000 + n)
+    return rng.integers(1, lm.vocab_size, n).tolist()
+
+
+def one_forward(lm, tokens) -> mx.array:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(lm.model)
+    out = lm.model(mx.array([list(tokens)]), cache=cache)[0, -1].astype(mx.float32)
+    mx.eval(out)
+    return out
+
+
+def cut_forward(lm, tokens, cuts, stock: bool = False) -> mx.array:
+    """Forwards tokens[a:b] for consecutive cuts on fresh caches (ours, or mlx-lm's stock caches)."""
+    if stock:
+        from mlx_lm.models.cache import make_prompt_cache
+        caches = make_prompt_cache(lm.model)
+        run = lambda x: lm.model(x, cache=caches)
+    else:
+        from impl.caches.factory import forward
+        caches = lm.make_caches()
+        run = lambda x: forward(lm.model, x, caches)
+    for a, b in zip(cuts, cuts[1:]):
+        out = run(mx.array([list(tokens[a:b])]))
+        mx.eval(out)
+    res = out[0, -1].astype(mx.float32)
+    mx.eval(res)
+    if not stock:
+        for c in caches:
+            if c is not None:
+                c.free()
+    return res
+
+
+def measure(lm, lengths=None) -> Calibration:
+    t0 = time.perf_counter()
+    dev = device_key()
+    kind = "cpu" if dev == "cpu" else "gpu"
+    lengths = lengths or LENGTHS.get((kind, lm.name)) or LENGTHS[(kind, None)]
+    if kind == "cpu" and getattr(lm, "dtype", "float32") in ("bfloat16", "float16"):
+        lengths = lengths[:1]      # half precision is slow on the CPU backend (PLATFORM.md)
+    noise, scale, probes = 0.0, 0.0, []
+    for n in lengths:
+        toks = probe_tokens(lm, n)
+        ref = one_forward(lm, toks)
+        scale = max(scale, float(mx.abs(ref).max().item()))
+        ways = [(name, cuts, False) for name, cuts in chunkings(n).items()]
+        ways.append(("stock chunk16", chunkings(n)["chunk16+i32+e4"], True))
+        for name, cuts, stock in ways:
+            d = float(mx.abs(cut_forward(lm, toks, cuts, stock) - ref).max().item())
+            probes.append([n, name, d])
+            noise = max(noise, d)
+    dtype = getattr(lm, "dtype", "float32")
+    floor = FLOOR * EPS[dtype] * scale
+    tol = max(K * noise, floor)
+    return Calibration(lm.name, dev, dtype, noise, scale, tol, max(TIE_MIN, 2 * tol), K, floor,
+                       round(time.perf_counter() - t0, 2), probes)
+
+
+def calibration(lm) -> Calibration:
+    key = (lm.name, device_key(), getattr(lm, "dtype", "float32"))
+    if key not in _CAL:
+        _CAL[key] = measure(lm)
+    return _CAL[key]
+
+
+def tolerance(lm) -> float:
+    return calibration(lm).tol
+
+
+def tie_gap(lm) -> float:
+    return calibration(lm).tie
+
+
+if __name__ == "__main__":
+    import sys
+
+    from .calibrate_report import main
+    sys.exit(main())
