@@ -187,15 +187,23 @@ class JSONHandler(BaseHTTPRequestHandler):
 
     def _write_line(self, obj) -> None:
         """One NDJSON line (the 200 headers first, once); nothing once the peer is gone."""
+        self._write_stream((json.dumps(obj) + "\n").encode(), "application/x-ndjson")
+
+    def _write_event(self, obj) -> None:
+        """One server-sent event ``data: JSON`` (OpenAI's streams); a str is sent as it is."""
+        data = obj if isinstance(obj, str) else json.dumps(obj)
+        self._write_stream(f"data: {data}\n\n".encode(), "text/event-stream")
+
+    def _write_stream(self, data: bytes, content_type: str) -> None:
         if self._gone:
             return
         if not self._headers_sent:
             self.send_response(200)
-            self.send_header("Content-Type", "application/x-ndjson")
+            self.send_header("Content-Type", content_type)
             self.end_headers()
             self._headers_sent = True
         try:
-            self.wfile.write((json.dumps(obj) + "\n").encode())
+            self.wfile.write(data)
             self.wfile.flush()
         except OSError:
             self._gone = True

@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 from urllib.parse import parse_qs, urlparse
 
 from impl import ollama_api as api
-from impl.client import RunnerDied, RunnerError, RunnerRequestError
+from impl.client import RunnerError, RunnerRequestError
 from impl.httpio import MAX_BODY_BYTES, BadRequest, JSONHandler, is_loopback
 from impl.scheduler import Scheduler, SchedulerError
 
@@ -98,6 +98,17 @@ class ServerState:
         self._stop.set()
 
 
+def status_of(exc: BaseException) -> tuple[int, str]:
+    """The HTTP status and message an exception is answered with."""
+    if isinstance(exc, (BadRequest, SchedulerError)):
+        return exc.status, str(exc)
+    if isinstance(exc, RunnerRequestError):
+        return exc.status, exc.message
+    if isinstance(exc, RunnerError):        # RunnerDied included
+        return 502, str(exc)
+    return 500, f"{type(exc).__name__}: {exc}"
+
+
 class ServerHandler(JSONHandler):
     server_version = "impl-server/0.1"
     protocol_version = "HTTP/1.0"
@@ -131,14 +142,7 @@ class ServerHandler(JSONHandler):
         return model
 
     def _error(self, exc: BaseException) -> None:
-        if isinstance(exc, (BadRequest, SchedulerError)):
-            status, msg = exc.status, str(exc)
-        elif isinstance(exc, RunnerRequestError):
-            status, msg = exc.status, exc.message
-        elif isinstance(exc, RunnerError):        # RunnerDied included
-            status, msg = 502, str(exc)
-        else:
-            status, msg = 500, f"{type(exc).__name__}: {exc}"
+        status, msg = status_of(exc)
         if getattr(self, "_headers_sent", False):
             self._write_line({"error": msg})
             return
