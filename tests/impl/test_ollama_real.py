@@ -9,15 +9,19 @@ evaluated: prompt_eval_count <= len(prompt_k) - len(prompt_{k-1}) + 1.
 from __future__ import annotations
 
 import faulthandler
+import inspect
+import json
 import threading
 
 import ollama
 import pytest
 
 from impl.client import runner_processes
+from impl.engine import Engine
 from impl.models import MODEL_NAMES, shared_tokenizer
 from impl.scheduler import Scheduler
 from impl.server import make_server
+from tests.support.servers import call, lines
 
 QUESTIONS = ["What is the capital of France?", "And of Germany?", "Which of the two is larger?"]
 
@@ -59,3 +63,16 @@ def test_three_turn_chat_reuses_the_conversation(real_server):
     for k in (1, 2):                                     # turns 2 and 3: only the new part
         assert counts[k] <= lengths[k] - lengths[k - 1] + 1, (counts, lengths)
         assert counts[k] < lengths[k] // 2, (counts, lengths)
+
+    # Seeded sampling through the real engine's sampler hook: one seed, one answer.
+    opts = {"num_predict": 6, "temperature": 0.9, "seed": 11}
+    a, b = (client.chat("smollm2", messages=messages[:1], options=opts).message.content for _ in range(2))
+    assert a == b and a.strip()
+    # Token ids with boundaries (our extension) reach an engine whose generate() takes them.
+    ids = tok.apply_chat_template(messages[:1], add_generation_prompt=True)
+    status, data = call(real_server, "POST", "/api/generate", {"model": "smollm2", "prompt": ids,
+                                                               "boundaries": [3], "options": {"num_predict": 1}})
+    if "boundaries" in inspect.signature(Engine.generate).parameters:
+        assert status == 200 and lines(data)[-1]["done"], data
+    else:
+        assert status == 400 and "does not take 'boundaries'" in json.loads(data)["error"]
