@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import mlx.core as mx
@@ -164,6 +165,22 @@ def calibration(lm) -> Calibration:
     if key not in _CAL:
         _CAL[key] = measure(lm)
     return _CAL[key]
+
+
+@contextmanager
+def recheck_device():
+    """The float32 reference device of the stronger oracle: the CPU when this device runs float32
+    matmuls in TF32, else this device (half precision rechecks on the float32 model there)."""
+    old = mx.default_device()
+    mx.set_default_device(mx.cpu if "+tf32" in device_key() else old)
+    try:
+        yield mx.default_device()
+    finally:
+        mx.set_default_device(old)
+
+
+def needs_recheck(lm) -> bool:
+    return getattr(lm, "dtype", "float32") in ("bfloat16", "float16") or "+tf32" in device_key()
 
 
 def tolerance(lm) -> float:

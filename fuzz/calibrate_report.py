@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
 
 from . import calibrate, planted
@@ -55,15 +54,10 @@ def plant_rows(lm, cal, plants=planted.PLANTS) -> list:
 def float32_margins(name: str) -> tuple[dict, str]:
     """Each plant's margin on the float32 model on the recheck device (CPU under TF32)."""
     from impl.models import load
-    dev = mx.cpu if "+tf32" in calibrate.device_key() else mx.default_device()
-    old = mx.default_device()
-    mx.set_default_device(dev)
-    try:
+    with calibrate.recheck_device():
         lm = load(name, "float32")
         cal = calibrate.calibration(lm)
         return {r["plant"]: r["margin"] for r in plant_rows(lm, cal)}, calibrate.device_key()
-    finally:
-        mx.set_default_device(old)
 
 
 def verdict(row: dict, f32: dict | None) -> str:

@@ -191,20 +191,15 @@ class Campaign:
         (half precision, TF32): the case's concrete operations replayed on the float32 model, on the
         CPU when the device runs float32 matmuls in TF32; failures are saved unshrunk as float32
         cases (`python -m fuzz replay` runs them as recorded)."""
-        from .calibrate import device_key
+        from .calibrate import recheck_device
         from .cases import run_ops
 
         ops = [strip_private(op) for op in m.ops]
-        dev = mx.cpu if "+tf32" in device_key() else mx.default_device()
-        old = mx.default_device()
-        mx.set_default_device(dev)
-        try:
+        with recheck_device() as dev:
             ref = load(m.name, "float32")
             settings = resolve_settings(ref, self.args.budget, self.args.chunk, self.args.interval,
                                         self.args.near_end)
             res = run_ops(ref, settings, ops, self.recheck_oracle)
-        finally:
-            mx.set_default_device(old)
         m.stats.rechecked += 1
         if res.failure is not None:
             f = res.failure

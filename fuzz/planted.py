@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 PLANTS = ("shift", "other_conv", "stale_window", "recurrent_off", "media_split")
-GREEDY = 8
+GREEDY = 4
 
 
 @dataclass

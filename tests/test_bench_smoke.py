@@ -108,3 +108,23 @@ def test_fifty_turns_plateaus_under_e2_and_grows_under_prefix_policy():
     assert pre[-1] > budget + turn                           # the pre-fix policy outgrows it
     assert pre == sorted(pre)                                # and never shrinks
     assert res["same_tokens"]
+
+
+def test_scale_smoke(tmp_path):
+    """python -m bench.scale --smoke: random-weight models built, saved and loaded through mlx-lm's
+    loader, a chat served by ours, mlx-lm's server cache and no cache; figures self-consistent."""
+    import json
+
+    from bench import scale
+
+    assert scale.main(["--smoke", "--conversations", "2", "--turns", "2", "--report", str(tmp_path)]) == 0
+    for arch in ("llama", "qwen3next"):
+        rep = json.loads((tmp_path / f"scale-{arch}-smoke-smoke.json").read_text())
+        runs = {r["runner"]: r for r in rep["runners"]}
+        assert set(runs) == {"ours", "server", "none"} and rep["device"]
+        assert runs["none"]["prefilled"] == runs["none"]["prompt_tokens"]
+        for r in runs.values():
+            assert r["requests"] == 4 and r["ttft_sum_s"] > 0 and r["peak_bytes"] > 0
+        assert runs["ours"]["prefilled"] < runs["none"]["prefilled"]
+        assert runs["ours"]["held_bytes"] > 0 and runs["none"]["held_bytes"] == 0
+        assert (tmp_path / f"scale-{arch}-smoke-smoke.md").exists()

@@ -12,15 +12,15 @@ with no cache at all):
     then greedy single-token steps. Its one-forward, no-restore path is exactly what C1 calls a cold
     prefill; `test_oracle_media_matches_stock_without_media` ties it to the stock oracle.
 
-Tolerance (float32, CPU, OpenBLAS): the Engine prefills in chunks cut at captures and resumes from
-restored state, the oracle runs one forward, so reduction orders differ. Largest |delta| of the first
-decode logits measured over the conversation property (ci run plus 60 dev examples per hybrid, ~300
-requests per model, with and without media): SmolLM2 ~5e-5 (logits up to ~35), gemma3 ~5e-5,
-qwen3next ~4e-5, mamba2 ~5e-6 (chunked scan). TOL is about 5x those; every real restore error seen
-here is >= 1e-2 (a non-causal item split across two forwards: 0.1-3.9, the windowed live-resume bug:
-~3.5, the same-fold gap: 0.1-3.5), two orders of magnitude above it. Greedy tokens must be identical;
-the only excuse is a float tie: the oracle's top-2 margin at the first divergence below TIE (never
-needed so far).
+Tolerance: TOL[name] is the C1 tolerance calibrated for the model as the tests load it, on this
+device and dtype (fuzz/calibrate.py: 8 x the cold path's own chunking noise, floored at 2 ulp of
+the largest logit; on the CPU in float32 about 1.5e-4 gemma3, 6e-5 qwen3next, 2.5e-5 mamba2, 4e-4
+SmolLM2). Measured here over the conversation property before calibration (float32, CPU, OpenBLAS):
+SmolLM2 ~5e-5, gemma3 ~5e-5, qwen3next ~4e-5, mamba2 ~5e-6; every real restore error seen here is
+>= 1e-2 (a split non-causal item: 0.1-3.9, the windowed live-resume bug: ~3.5, the same-fold gap:
+0.1-3.5), and tests/test_calibration.py shows each planted wrong state beyond 5 x TOL. Greedy tokens
+must be identical; the only excuse is a float tie: the oracle's top-2 margin at the first divergence
+below the calibrated tie gap (max(1e-3, 2 x TOL)).
 """
 from __future__ import annotations
 
@@ -32,12 +32,21 @@ import mlx.core as mx
 import numpy as np
 from hypothesis import settings
 
+from fuzz.calibrate import tie_gap, tolerance
 from impl.engine import Engine, _arrays
 from impl.media import check_media, spans as noncausal
 from impl.trie import walk
 
-TOL = {"smollm2": 2.5e-4, "gemma3": 2.5e-4, "qwen3next": 2e-4, "mamba2": 3e-5}
-TIE = 1e-3
+class _Calibrated:
+    """TOL[name]: the calibrated C1 tolerance of `name` as the tests load it (impl.models.load)."""
+
+    def __getitem__(self, name: str) -> float:
+        from impl.models import load
+        return tolerance(load(name))
+
+
+TOL = _Calibrated()
+TIE = 1e-3              # the smallest tie gap; the calibrated one is tie_gap(lm)
 UNLIMITED = 1 << 62
 
 
@@ -108,14 +117,14 @@ def max_abs(a, b) -> float:
     return float(mx.max(mx.abs(a.astype(mx.float32) - b.astype(mx.float32))).item())
 
 
-def greedy_agrees(ours: list, oracle: Cold) -> tuple[bool, str]:
-    """Identical token for token, or diverging only at a float tie of the oracle (top-2 margin < TIE)."""
+def greedy_agrees(ours: list, oracle: Cold, tie: float = TIE) -> tuple[bool, str]:
+    """Identical token for token, or diverging only at a float tie of the oracle (top-2 margin < tie)."""
     for i, (a, b) in enumerate(zip(ours, oracle.tokens)):
         if a != b:
             top2 = mx.topk(oracle.step_logits[i], 2)
             margin = float(mx.abs(top2[0] - top2[1]).item())
             _log("tie", step=i, margin=margin)
-            return margin < TIE, f"greedy diverged at step {i}: {ours} vs {oracle.tokens} (margin {margin:.3g})"
+            return margin < tie, f"greedy diverged at step {i}: {ours} vs {oracle.tokens} (margin {margin:.3g})"
     if len(ours) != len(oracle.tokens):
         return False, f"{len(ours)} tokens vs the oracle's {len(oracle.tokens)}"
     return True, ""
@@ -131,7 +140,7 @@ def assert_c1(lm, tokens, media, result, tol: float | None = None, what: str = "
     _log("c1", model=lm.name, diff=d, media=bool(media), resumed=result.stats.resumed)
     assert d <= tol, (f"C1 {what}: first logits differ from the cold run by {d:.3g} > {tol:g} "
                       f"(resumed at {result.stats.resumed} of {len(tokens)})")
-    ok, why = greedy_agrees(result.tokens, oracle)
+    ok, why = greedy_agrees(result.tokens, oracle, tie_gap(lm))
     assert ok, f"C1 {what}: {why}"
     return d
 

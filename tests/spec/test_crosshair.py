@@ -31,6 +31,12 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
+# CrossHair is a test extra (pyproject: crosshair-tool); a machine without it (the GPU machine,
+# ../shared/DEVICE.md: no package registry there) skips these two tests and says why.
+pytest.importorskip("crosshair", reason="crosshair-tool is not installed here (a test extra: "
+                    "pip install -e '.[test]'); the spec's contracts are checked where it is")
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ["spec/media.py", "spec/trie.py", "spec/cache.py"]

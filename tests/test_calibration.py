@@ -1,0 +1,77 @@
+"""The calibrated C1 oracle separates noise from wrong states (fuzz/calibrate.py, fuzz/planted.py).
+
+On this device, in float32 on every small model: every planted wrong state that applies (positions
+shifted by one, KV from another conversation, a stale sliding window, a recurrent state from the
+wrong offset, a split non-causal media item) moves the first logits by at least MARGIN (5) x the
+calibrated tolerance. In half precision on the hybrids (cheap here): every planted state is flagged
+by the logits, by the greedy tokens at a non-tie step, or by the float32 recheck; never by none.
+"""
+from __future__ import annotations
+
+import pytest
+
+from fuzz import calibrate
+from fuzz.calibrate_report import MARGIN, float32_margins, plant_rows, run
+from impl.models import load
+
+APPLIES = {"smollm2": {"shift", "other_conv", "media_split"},
+           "gemma3": {"shift", "other_conv", "stale_window", "media_split"},
+           "qwen3next": {"shift", "other_conv", "recurrent_off", "media_split"},
+           "mamba2": {"other_conv", "recurrent_off"}}
+
+
+@pytest.mark.parametrize("name", ["gemma3", "qwen3next", "mamba2", "smollm2"])
+def test_float32_planted_states_flagged_by_the_logits(name):
+    lm = load(name, "float32")
+    cal = calibrate.calibration(lm)
+    rows = plant_rows(lm, cal)
+    assert {r["plant"] for r in rows} == APPLIES[name]
+    weak = [(r["plant"], r["max"], round(r["margin"], 1)) for r in rows if r["margin"] < MARGIN]
+    if weak and calibrate.needs_recheck(lm):       # TF32: the float32 recheck on the CPU is the oracle
+        f32, dev = float32_margins(name)
+        weak = [w for w in weak if f32[w[0]] < MARGIN]
+    assert not weak, f"{name} on {cal.device}: planted states within {MARGIN} x tol {cal.tol:.3g}: {weak}"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_planted_states_flagged_by_some_oracle(dtype):
+    res = run(["gemma3", "qwen3next"] if dtype == "bfloat16" else ["gemma3"], [dtype])
+    for e in res:
+        assert {r["plant"] for r in e["plants"]} == APPLIES[e["model"]]
+        missed = [r["plant"] for r in e["plants"] if r["verdict"] == "NOT SEPARATED"]
+        assert not missed, f"{e['model']} {dtype}: no oracle flags {missed}"
+        for r in e["plants"]:
+            if r["verdict"] == "float32 recheck":
+                assert r["f32_margin"] >= MARGIN
+
+
+def test_calibration_formula_and_cache():
+    lm = load("mamba2", "float32")
+    cal = calibrate.calibration(lm)
+    assert calibrate.calibration(lm) is cal                      # once per (model, device, dtype)
+    assert cal.device == calibrate.device_key() and cal.dtype == "float32"
+    assert cal.tol == max(calibrate.K * cal.noise, calibrate.FLOOR * calibrate.EPS["float32"] * cal.scale)
+    assert cal.tie == max(calibrate.TIE_MIN, 2 * cal.tol)
+    assert cal.noise == max(p[2] for p in cal.probes) and len(cal.probes) >= 5
+    if cal.device == "cpu":
+        assert cal.tol < 1e-3                                    # float32 on the CPU: chunking noise < 1e-4
+
+
+def test_the_oracle_flags_a_state_beyond_tolerance():
+    """The campaign's Runner fails a request whose logits differ from the cold run by more than the
+    calibrated tolerance: a cold oracle answering for another prompt stands in for a wrong state."""
+    from fuzz.oracle import ColdOracle, Failure, Runner
+    from fuzz.cases import resolve_settings
+
+    lm = load("qwen3next", "float32")
+    oracle = ColdOracle()
+    toks = list(range(100, 140))
+    wrong = oracle.get(lm, list(range(200, 240)), [], 2)
+    oracle.cache[(lm.name, "float32", tuple(toks), ())] = wrong
+    runner = Runner(lm, resolve_settings(lm), oracle)
+    try:
+        with pytest.raises(Failure) as ei:
+            runner.run({"op": "generate", "tokens": toks, "max_tokens": 2}, 0)
+        assert ei.value.signature in ("C1-logits", "C1-tokens")
+    finally:
+        runner.close()
