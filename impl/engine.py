@@ -118,6 +118,26 @@ class Engine:
             return list(self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True))
         return prompt
 
+    def boundaries_of(self, prompt, tokens, boundaries=None) -> tuple:
+        """Where messages end in the templated tokens (REFERENCE section 2 step 2), plus the offsets a
+        token-id prompt names itself: each becomes a user capture, so a conversation diverging after the
+        system prompt or after any earlier turn resumes exactly there."""
+        out = set()
+        if boundaries is not None:
+            if isinstance(boundaries, (str, bytes)) or not hasattr(boundaries, "__iter__"):
+                raise BadRequest(f"boundaries must be a list of token offsets, got {boundaries!r}")
+            for b in boundaries:
+                if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 0 < b <= len(tokens):
+                    raise BadRequest(f"message boundary {b!r} is not an offset in (0, {len(tokens)}]")
+                out.add(int(b))
+        messages = list(prompt) if not isinstance(prompt, str) else []
+        if messages and all(isinstance(m, dict) for m in messages):
+            for k in range(1, len(messages) + 1):
+                head = self.tokenizer.apply_chat_template(messages[:k], add_generation_prompt=False)
+                if len(head) <= len(tokens) and list(head) == tokens[:len(head)]:
+                    out.add(len(head))
+        return tuple(sorted(out))
+
     def validate(self, tokens, media, max_tokens) -> list:
         if len(tokens) == 0:
             raise BadRequest("empty prompt: a request needs at least one token")
@@ -161,17 +181,18 @@ class Engine:
 
     # --------------------------------------------------------- generate
     def generate(self, prompt, max_tokens: int = 16, media=(), sampler=greedy, cancel=None, on_token=None,
-                 stop_at_eos: bool = True) -> Result:
+                 stop_at_eos: bool = True, boundaries=None) -> Result:
         t0 = time.perf_counter()
         for name, fn in (("sampler", sampler), ("cancel", cancel), ("on_token", on_token)):
             if fn is not None and not callable(fn):
                 raise BadRequest(f"{name} must be callable, got {fn!r}")
         tokens = self.tokens_of(prompt)
         media = self.validate(tokens, media, max_tokens)
+        marks = self.boundaries_of(prompt, tokens, boundaries)
         keys, spans = prompt_keys(tokens, media), noncausal(media)
         cancel = cancel or (lambda: False)
         book0 = self.pc.bookkeeping_s
-        self.pc.begin(keys, spans)
+        self.pc.begin(keys, spans, marks)
         produced, first_logits, cancelled, ttft, fwd = [], None, False, 0.0, 0.0
         try:
             while (chunk := self.pc.next_chunk(self.chunk_size)) is not None:

@@ -16,8 +16,9 @@ Invariants kept here (REFERENCE rule ids; checked after every operation when
   M3  the resume offset is never strictly inside one.
   P1  a resume strictly inside an edge splits the node at the live offset;
       the head becomes the frontier and is touched.
-  P2  compaction merges non-user single-child nodes of the active path
-      (other than root and frontier) into their child.
+  P2  compaction merges a non-user single-child node of the active path
+      (other than root and frontier) into its child only when it holds no
+      whole-state snapshot: a whole-state checkpoint leaves only by eviction.
   E1  after eviction paged-out bytes <= budget unless all nodes are protected.
   E2  only root, frontier and branch points are protected.
   E3  least recently used first; ties deeper, larger, then key path.
@@ -42,7 +43,7 @@ def _chunk_end(q: int, spans) -> int:
     return span[1] if span else q
 
 
-def schedule(n: int, resume: int, matched: int, spans, interval: int, near_end: int) -> list:
+def schedule(n: int, resume: int, matched: int, spans, interval: int, near_end: int, boundaries=()) -> list:
     """Capture offsets (offset, user) for a prompt of n keys; see spec.cache.schedule."""
     wanted = {}
     if resume < matched:
@@ -50,6 +51,7 @@ def schedule(n: int, resume: int, matched: int, spans, interval: int, near_end: 
     offsets = list(range(interval, n, interval)) if interval > 0 else []
     if n - near_end > 0:
         offsets.append(n - near_end)
+    offsets += [b for b in boundaries if 0 < b < n]                # message boundaries (section 2 step 2)
     for c in offsets:
         span = _inside(c, spans)
         wanted[span[1] if span else c] = True              # M2
@@ -137,9 +139,10 @@ class PrefixCache:
             invariants.checked(self, what, before, args, outcome)
 
     # ------------------------------------------------------------- begin
-    def begin(self, keys, spans=()) -> tuple:
+    def begin(self, keys, spans=(), boundaries=()) -> tuple:
         """Switch the live caches to the longest usable match of `keys`
-        (validated by the caller) and schedule captures; returns (matched, resume)."""
+        (validated by the caller) and schedule captures, also at the message
+        `boundaries` (offsets); returns (matched, resume)."""
         if self.request is not None:
             raise ValueError("begin while a request is open: close it first")
         if len(keys) == 0:
@@ -160,7 +163,7 @@ class PrefixCache:
         self.seq = list(keys[:resume])
         self.path = self._split_at_live(path, resume)
         self.touch(self.frontier)
-        plan = schedule(len(keys), resume, matched, spans, self.interval, self.near_end)
+        plan = schedule(len(keys), resume, matched, spans, self.interval, self.near_end, boundaries)
         self.request = Request(keys, spans, matched, resume, plan, evictions_before=evictions_before,
                                stats=Stats(total=len(keys), matched=matched, resumed=resume))
         offsets = [c for c, _ in plan]
@@ -169,7 +172,7 @@ class PrefixCache:
                 c.prepare_captures(offsets)
         self._evict()
         self.bookkeeping_s += time.perf_counter() - t0
-        self._checked("begin", before, (keys, tuple(spans)), (matched, resume))
+        self._checked("begin", before, (keys, tuple(spans), tuple(boundaries)), (matched, resume))
         return matched, resume
 
     def _split_at_live(self, path: list, resume: int) -> list:
@@ -334,10 +337,11 @@ class PrefixCache:
 
     # ------------------------------------------------ compaction, eviction
     def _compact(self) -> None:
+        """P2: merge each non-user single-child node of the active path that holds no whole-state snapshot."""
         i = 1
         while i < len(self.path) - 1:
             n = self.path[i]
-            if not n.user and len(n.children) == 1:
+            if not n.user and len(n.children) == 1 and all(s is None or s.kind == "kv" for s in n.snaps):
                 self.path.remove(next(iter(n.children.values())))
                 self.trie.merge_with_child(n)
             else:

@@ -14,8 +14,9 @@ Invariants kept here (predicates in spec.rules):
       item resumes at its start).
   P1  a resume strictly inside an edge splits that node at the live offset;
       the head stays on the path (frontier) and is touched.
-  P2  compaction merges each non-user, single-child node of the active path
-      (other than root and frontier) into its child.
+  P2  compaction merges a non-user, single-child node of the active path
+      (other than root and frontier) into its child only when it holds no
+      whole-state snapshot: a whole-state checkpoint leaves only by eviction.
   E1  after eviction, counter <= budget unless every node is protected.
   E2  only root, frontier and branch points are protected.
   E3  victims go least recently used first; ties: deeper, then larger first
@@ -33,12 +34,13 @@ from spec.view import RequestView, View, freeze
 
 
 def schedule(n: int, resume: int, matched: int, spans: list[tuple[int, int]], interval: int,
-             near_end: int) -> list[tuple[int, bool]]:
-    """Capture offsets for a prompt of n keys resumed at `resume`: the branch
-    point (`matched`, when resume < matched; not user; `begin` has already
-    floored it off any non-causal span, M3), periodic multiples of
-    `interval` and n - near_end (user), moved off non-causal spans (M2), kept
-    in (resume, n - 1], sorted and unique, a user flag winning a tie.
+             near_end: int, boundaries: tuple[int, ...] = ()) -> list[tuple[int, bool]]:
+    """Capture offsets for a prompt of n keys resumed at `resume` (section 2
+    steps 1-2): the branch point (`matched`, when resume < matched; not user;
+    `begin` has already floored it off any non-causal span, M3), periodic
+    multiples of `interval`, n - near_end and the message boundaries the caller
+    names (user), moved off non-causal spans (M2), kept in (resume, n - 1],
+    sorted and unique, a user flag winning a tie.
 
     pre: 0 <= resume <= matched < n
     pre: not any(p < matched < e for (p, e) in spans)
@@ -55,6 +57,7 @@ def schedule(n: int, resume: int, matched: int, spans: list[tuple[int, int]], in
     user = [k * interval for k in range(1, n // interval + 1) if k * interval < n] if interval else []
     if n - near_end > 0:
         user.append(n - near_end)
+    user += [b for b in boundaries if 0 < b < n]
     for c in user:
         wanted[capture_ceiling(c, spans)] = True
     return sorted((c, u) for c, u in wanted.items() if resume < c <= n - 1)
@@ -130,17 +133,17 @@ class PrefixCache:
         node.last_used = self.clock
 
     # ------------------------------------------------------------------ begin
-    def begin(self, tokens, media=(), vocab_size: int = 1 << 31) -> tuple:
+    def begin(self, tokens, media=(), vocab_size: int = 1 << 31, boundaries=()) -> tuple:
         """Switch the live caches to the longest usable match; returns
-        (matched, resume)."""
+        (matched, resume). `boundaries`: offsets where messages end (user captures)."""
         if self.request is not None:
             raise ValueError("begin while a request is open: close it first")
-        validate_request(tokens, media, vocab_size)
-        return self.begin_keys(keys_of(tokens, media), noncausal_spans(media))
+        validate_request(tokens, media, vocab_size, boundaries)
+        return self.begin_keys(keys_of(tokens, media), noncausal_spans(media), boundaries)
 
-    def begin_keys(self, keys: tuple, spans: list) -> tuple:
-        """begin on a validated key stream and its non-causal spans (what a
-        target receives, spec.view.Op)."""
+    def begin_keys(self, keys: tuple, spans: list, boundaries=()) -> tuple:
+        """begin on a validated key stream, its non-causal spans and message
+        boundaries (what a target receives, spec.view.Op)."""
         if self.request is not None:
             raise ValueError("begin while a request is open: close it first")
         keys, spans = tuple(keys), sorted(tuple(s) for s in spans)
@@ -159,7 +162,7 @@ class PrefixCache:
         if inside:                                # P1: split at the live offset
             self.path.append(self.store.split(inside[0], resume))
         self.touch(self.frontier)
-        plan = schedule(len(keys), resume, matched, spans, self.interval, self.near_end)
+        plan = schedule(len(keys), resume, matched, spans, self.interval, self.near_end, tuple(boundaries))
         self.request = Request(keys=keys, spans=spans, matched=matched, resume=resume, schedule=plan, base=resume)
         self.evict()
         return matched, resume
@@ -344,10 +347,12 @@ class PrefixCache:
 
     # ------------------------------------------------- compaction, eviction
     def compact(self) -> None:
+        """P2: merge each non-user single-child node of the active path that
+        holds no whole-state snapshot into its child; no restore point is lost."""
         i = 1
         while i < len(self.path) - 1:
             n = self.path[i]
-            if not n.user and len(n.children) == 1:
+            if not n.user and len(n.children) == 1 and all(self.layers[j].kind == KV for j in n.snaps):
                 self.path.remove(n.children[0])
                 self.store.merge_with_child(n)
             else:

@@ -51,7 +51,7 @@ class MediaItem:
         return fold_key(self.data, self.dims, self.length, self.causal)
 
 
-def validate_request(tokens, media=(), vocab_size: int = TOKEN_LIMIT) -> None:
+def validate_request(tokens, media=(), vocab_size: int = TOKEN_LIMIT, boundaries=()) -> None:
     """Reject bad input before anything changes (it loses nothing).
 
     Raises ValueError naming the problem."""
@@ -73,6 +73,9 @@ def validate_request(tokens, media=(), vocab_size: int = TOKEN_LIMIT) -> None:
     for a, b in zip(items, items[1:]):
         if b.pos < a.end:
             raise ValueError(f"media items [{a.pos}, {a.end}) and [{b.pos}, {b.end}) overlap")
+    for b in boundaries:
+        if isinstance(b, bool) or not isinstance(b, int) or not 0 < b <= len(tokens):
+            raise ValueError(f"message boundary {b!r} is not an offset in (0, {len(tokens)}]")
 
 
 def keys_of(tokens, media=()) -> tuple:

@@ -192,15 +192,25 @@ def p1_split_at_live(before: View, op: Op, after: View):
     return out
 
 
-def p2_compacted(v: View):
-    """P2: at rest, no active-path node but root and frontier is a non-user
-    node with one child and no whole-state snapshot (compaction merges those;
-    a node holding a whole-state checkpoint stays until eviction)."""
-    if v.phase != "idle":
-        return []
-    return [Violation("P2", str(n), "non-user single-child node without whole-state left on the active path")
-            for n in v.on_path()[1:-1]
-            if not n.user and len(n.children) == 1 and all(s.kind == KV for s in n.snaps.values())]
+def p2_compaction(before: View, op: Op, after: View):
+    """P2: compaction merges a non-user single-child node into its child only
+    when no restore point is lost. After an operation, at rest, no active-path
+    node but root and frontier is a non-user single-child node without
+    whole-state (it should have been merged); and no whole-state checkpoint of
+    `before` is gone from `after` unless its node was evicted (E4), where the
+    target reports its victims."""
+    out = []
+    if after.phase == "idle":
+        out += [Violation("P2", str(n), "non-user single-child node without whole-state left on the active path")
+                for n in after.on_path()[1:-1]
+                if not n.user and len(n.children) == 1 and all(s.kind == KV for s in n.snaps.values())]
+    if op.evicted is not None:
+        kept = {(n.keys, i) for n in after.walk() for i, s in n.snaps.items() if s.kind != KV}
+        out += [Violation("P2", str(n), f"layer {i}'s whole-state checkpoint at {n.end} discarded without "
+                                        "an eviction")
+                for n in before.walk() for i, s in n.snaps.items()
+                if s.kind != KV and (n.keys, i) not in kept and n.keys not in op.evicted]
+    return out
 
 
 # ----------------------------------------------------------------- merging
@@ -443,9 +453,10 @@ def c1_cold_equivalence(v):
 
 STATE = {"T1": t1_offsets, "T2": t2_siblings, "T3": t3_one_offset, "S1": s1_kv_exact,
          "S2": s2_whole_state_at_end, "S3": s3_frontier_complete, "M1": m1_chunks, "M2": m2_captures,
-         "M3": m3_resume, "P2": p2_compacted, "E1": e1_budget, "A1": a1_counter, "A2": a2_ownership,
+         "M3": m3_resume, "E1": e1_budget, "A1": a1_counter, "A2": a2_ownership,
          "C1": c1_cold_equivalence}
-OPERATION = {"S4": s4_split, "P1": p1_split_at_live, "G1": g1_adjacent, "G2": g2_merged, "E2": e2_protected,
+OPERATION = {"S4": s4_split, "P1": p1_split_at_live, "P2": p2_compaction, "G1": g1_adjacent, "G2": g2_merged,
+             "E2": e2_protected,
              "E3": e3_order, "E4": e4_evict_shape, "E5": e5_rewind, "C2": c2_deepest_restore}
 PREDICATES = {**STATE, **OPERATION}
 

@@ -82,8 +82,57 @@ def mut_e1(pc):
 
 MUTATIONS = {
     "T1": mut_t1, "T2": mut_t2, "T3": mut_t3, "S1": mut_s1, "S2": mut_s2, "S3": mut_s3,
-    "A1": mut_a1, "A2": mut_a2_leak, "C1": mut_c1, "P2": mut_p2, "E1": mut_e1,
+    "A1": mut_a1, "A2": mut_a2_leak, "C1": mut_c1, "E1": mut_e1,
 }
+
+
+def test_p2_an_uncompacted_node_is_flagged():
+    pc = idle_hybrid()
+    before = pc.view()
+    mut_p2(pc)
+    assert {v.rule for v in check_step(before, Op("close", evicted=()), pc.view())} == {"P2"}
+
+
+def old_compact(self):
+    """Compaction before the 2026-12-02 revision: every non-user single-child node merges, whole-state or not."""
+    i = 1
+    while i < len(self.path) - 1:
+        n = self.path[i]
+        if not n.user and len(n.children) == 1:
+            self.path.remove(n.children[0])
+            self.store.merge_with_child(n)
+        else:
+            i += 1
+
+
+def regenerate(pc):
+    """REFERENCE P2's example: the same prompt answered twice, then a third
+    time (plain operations, no rule checks in between)."""
+    for gen in ([10, 11], [20, 21]):
+        pc.begin([1, 2, 3, 4, 5])
+        pc.prefill()
+        for k in [5] + gen[:-1]:
+            pc.step(k)
+        pc.close()
+    return pc.begin([1, 2, 3, 4, 5])
+
+
+def test_p2_regeneration_resumes_at_the_branch_point_capture():
+    # the branch-point capture begin schedules at the match survives close's compaction
+    assert regenerate(PrefixCache(KV_REC, near_end=0)) == (4, 4)
+
+
+def test_p2_compaction_that_drops_a_whole_state_checkpoint_is_flagged(monkeypatch):
+    monkeypatch.setattr(PrefixCache, "compact", old_compact)
+    pc = PrefixCache(KV_REC, near_end=0)
+    run(pc, [1, 2, 3, 4, 5], [10, 11])
+    begin(pc, [1, 2, 3, 4, 5])
+    pc.prefill()
+    for k in (5, 20):
+        pc.step(k)
+    before, op, after, _ = observe(pc, "close")
+    assert "P2" in {v.rule for v in check_step(before, op, after)}
+    assert regenerate(PrefixCache(KV_REC, near_end=0)) == (4, 0)           # the historical symptom: every regeneration resumes at 0
 
 
 @pytest.mark.parametrize("rule", sorted(MUTATIONS))

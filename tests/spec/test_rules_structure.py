@@ -115,8 +115,9 @@ def test_s3_close_on_a_split_head_pages_out_the_missing_layers(hybrid):
     assert run(hybrid, prompt, [7, 8]) == (5, 2)
     assert tree(hybrid) == [
         "[0,2) 1 2 | 0:kv~ 1:win 3:rec | user",
-        "  [2,7) 3 4 5 6 7 | 0:kv 1:win 3:rec *",
-        "    [7,9) 8 9 | 0:kv 1:win 3:rec",
+        "  [2,5) 3 4 5 | 0:kv 1:win 3:rec",               # the branch-point capture at 5 stays (P2)
+        "    [5,7) 6 7 | 0:kv 1:win 3:rec *",
+        "      [7,9) 8 9 | 0:kv 1:win 3:rec",
     ]
     assert begin(hybrid, prompt + [7, 60]) == (7, 7)    # the head's state is usable
 
