@@ -191,7 +191,9 @@ class PrefixCache:
     def restore(self, path: list, x: int, common: int, keys: tuple) -> None:
         """Page the path in up to offset x. A KV layer writes the rows of
         owned snapshots past the live common prefix (lazy views of the live
-        buffer are already in place); writes materialise views they overlap."""
+        buffer are already in place); writes materialise views they overlap.
+        An owned snapshot is written whole, [start, end), and becomes a lazy
+        view of those live rows again (no row is held twice)."""
         for i in self.stateful():
             layer = self.layers[i]
             if layer.kind == KV:
@@ -202,7 +204,9 @@ class PrefixCache:
                     s = n.snaps[i]
                     p, q = max(n.start, common), min(n.end, x)
                     if not s.lazy and p < q:
-                        self.store.materialise(i, p, q)
+                        self.store.materialise(i, p, n.end)
+                        self.store.counter -= s.nbytes(layer)
+                        s.lazy = True
                     content += s.content[:q - n.start]
                 self.live[i] = content
             else:

@@ -70,7 +70,8 @@ class KVSnapshot(Snapshot):
         return _geometry(k, v)
 
     def _materialise(self) -> None:
-        """Copy the range out of the issuer's buffer; fire the hook once."""
+        """Copy the range out of the issuer's buffer; the hook hears +size (it stays installed: a restore
+        that makes this a view again reports -size through it, KVCache._adopt)."""
         c = self._cache
         if c is None:
             return
@@ -79,9 +80,8 @@ class KVSnapshot(Snapshot):
         mx.eval(self.keys, self.values)
         c._views.discard(self)
         self._cache = None
-        hook, self.on_materialise = self.on_materialise, None
-        if hook is not None:
-            hook(self.size)
+        if self.on_materialise is not None:
+            self.on_materialise(self.size)
 
     def _release(self) -> None:
         if self._cache is not None:
@@ -244,13 +244,48 @@ class KVCache(LayerCache):
             self.offset = target
             return True
         k, v = snap._rows()
+        owned = snap._cache is None
         n = target - snap.start
-        if n < k.shape[2]:
+        if not owned and n < k.shape[2]:     # a view of another cache: only the rows it restores
             k, v = k[..., :n, :], v[..., :n, :]
         self.offset = snap.start
-        self._write(k, v)
+        self._write(k, v)                    # an owned snapshot: all its rows, [start, end)
+        self.offset = target
         mx.eval(self.keys, self.values)
+        if owned:
+            self._adopt(snap)
         return True
+
+    def _adopt(self, s: KVSnapshot) -> None:
+        """An owned snapshot whose rows [start, end) were just written in place becomes a lazy view of
+        them again: its arrays are dropped and its owner hears -size through the hook, so no row is
+        held twice (the live buffer and a paged-out copy). Rows past the offset stay until a write
+        overwrites them, which materialises the view first, as for any view."""
+        size = s.size
+        s.keys = s.values = None
+        s._cache = self
+        self._views.add(s)
+        self._views_max_end = max(self._views_max_end, s.end)
+        if s.on_materialise is not None and size:
+            s.on_materialise(-size)
+
+    def fit(self) -> int:
+        """Release the buffer's growth slack at rest: keep exactly the rows still needed (the live
+        offset and every outstanding view's end), so held bytes are rows x row bytes. Returns the
+        bytes released. The next write grows the buffer again in ``step`` rows."""
+        if self.keys is None:
+            return 0
+        need = max([self.offset] + [s.end for s in self._views])
+        before = self.nbytes
+        if need >= self.keys.shape[2]:
+            return 0
+        if need == 0:
+            self.keys = self.values = None
+        else:
+            self.keys, self.values = _copy_rows(self.keys, 0, need), _copy_rows(self.values, 0, need)
+            mx.eval(self.keys, self.values)
+        self._views_max_end = max((s.end for s in self._views), default=0)
+        return before - self.nbytes
 
     def merge_snapshots(self, a: Optional[KVSnapshot], b: Optional[KVSnapshot]) -> Optional[KVSnapshot]:
         for s in (a, b):

@@ -175,6 +175,21 @@ def merge_snaps_without_g1(monkeypatch):
     monkeypatch.setattr(Store, "merge_snaps", merge_snaps)
 
 
+def restore_keeping_owned_copies(monkeypatch):
+    """The seed's restore: an owned snapshot written back into the live rows stayed owned (both copies
+    counted), the byte pressure under which its P1 bug evicted the stale node and merged across G1."""
+    original = PrefixCache.restore
+
+    def restore(self, path, x, common, keys):
+        owned = [(i, n.snaps[i]) for n in path[1:] for i in n.snaps if not n.snaps[i].lazy]
+        original(self, path, x, common, keys)
+        for i, s in owned:
+            if s.lazy:
+                s.lazy = False
+                self.store.counter += s.nbytes(self.layers[i])
+    monkeypatch.setattr(PrefixCache, "restore", restore)
+
+
 def stored_with_bytes(budget):
     pc = PrefixCache(PURE_KV, budget=budget)
     run(pc, list(range(1, 9)), [9, 10])                       # [0,4) user, [4,9)
@@ -207,6 +222,7 @@ def bug_request(pc):
 def test_p1_bug_then_eviction_merge_is_refused_by_g1(monkeypatch):
     begin_dropping_the_resumed_node(monkeypatch)
     attach_keeping_short_captures(monkeypatch)
+    restore_keeping_owned_copies(monkeypatch)
     pc = stored_with_bytes(budget=44)
     bug_request(pc)
     with pytest.raises(MergeError, match=r"G1: KV snapshots \[0, 4\) and \[6, 7\) are not adjacent"):
@@ -217,6 +233,7 @@ def test_p1_bug_without_g1_merges_non_adjacent_ranges_silently(monkeypatch):
     begin_dropping_the_resumed_node(monkeypatch)
     attach_keeping_short_captures(monkeypatch)
     merge_snaps_without_g1(monkeypatch)
+    restore_keeping_owned_copies(monkeypatch)
     pc = stored_with_bytes(budget=44)
     bug_request(pc)
     pc.set_budget(30)
