@@ -54,6 +54,7 @@ def main_campaign(argv) -> int:
 
     from .calibrate import device_key
     args.dtype = args.dtype or default_dtype()
+    args.recheck_all = args.recheck == "on"
     args.recheck = args.recheck == "on" or (args.recheck == "auto" and (args.dtype in ("bfloat16", "float16")
                                                                           or "+tf32" in device_key()))
     if args.minutes is None and args.requests is None:

@@ -183,8 +183,14 @@ class Campaign:
         if leaked:
             self._record_failure(m, Failure("A2", f"{leaked} snapshots alive after the engine was torn down"),
                                  len(m.ops) - 1)
-        elif getattr(self.args, "recheck", False) and m.ops:
+        elif getattr(self.args, "recheck", False) and m.ops and self.rechecks(m):
             self.recheck(m)
+
+    def rechecks(self, m: ModelRun) -> bool:
+        """--recheck auto on a TF32 device replays on the CPU: only the small hybrids there (SmolLM2's
+        float32 forward on a CPU without a fast BLAS takes seconds a request); --recheck on: all."""
+        from .calibrate import device_key
+        return self.args.recheck_all or "+tf32" not in device_key() or m.loaded.weight_bytes < (64 << 20)
 
     def recheck(self, m: ModelRun) -> None:
         """The stronger oracle where the calibrated tolerance cannot separate every planted state
