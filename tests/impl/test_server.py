@@ -69,7 +69,7 @@ def test_ps_trie_and_unload_of_our_own(server):
     assert status == 200 and json.loads(data) == {"model": "a", "unloaded": True}
     assert json.loads(call(port, "GET", "/api/ps")[1])["models"] == []
     assert not [p for p in runner_processes() if "--model a" in " ".join(p.cmdline())]
-    assert call(port, "GET", "/")[1] == b"Ollama is running"
+    assert call(port, "GET", "/")[1] == b"Ollama is running" and call(port, "HEAD", "/")[0] == 200
 
 
 @pytest.mark.parametrize("method,path,body,status,needle", [
