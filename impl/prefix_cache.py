@@ -330,6 +330,9 @@ class PrefixCache:
         self.touch(self.frontier)
         req, self.request = self.request, None
         self._evict()
+        for c in self.caches:
+            if c is not None and c.kind == "kv":
+                c.fit()                                      # no growth slack held at rest (impl/caches/kv.py)
         req.stats.evictions = self.evictions - req.evictions_before
         self.bookkeeping_s += time.perf_counter() - t0
         self._checked("close", before)
