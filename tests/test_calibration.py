@@ -69,6 +69,7 @@ def test_the_oracle_flags_a_state_beyond_tolerance():
     wrong = oracle.get(lm, list(range(200, 240)), [], 2)
     oracle.cache[(lm.name, "float32", tuple(toks), ())] = wrong
     runner = Runner(lm, resolve_settings(lm), oracle)
+    runner._quiet_checks = lambda rec: None     # MEM counts the whole test process's arrays; C1 only here
     try:
         with pytest.raises(Failure) as ei:
             runner.run({"op": "generate", "tokens": toks, "max_tokens": 2}, 0)
