@@ -143,6 +143,8 @@ def checkpoint_bytes(loaded, interval: int) -> int:
         elif type(c) is stock.RotatingKVCache:
             rows = min(n, c.max_size)
             total += rows * (c.keys.nbytes // c.keys.shape[2] + c.values.nbytes // c.values.shape[2])
+        elif isinstance(c, (stock.CacheList, stock.ChunkedKVCache)):
+            total += c.nbytes            # a composite's or a chunked layer's whole state (an upper bound)
         else:
             total += sum(a.nbytes for a in c.cache if a is not None)
     del caches

@@ -3,8 +3,11 @@
 Invariants:
 - ``make_layer_caches(model)`` mirrors exactly what ``mlx_lm.models.cache.make_prompt_cache(model)``
   builds, layer by layer: KVCache -> KVCache, RotatingKVCache(max_size=W, keep=0) ->
-  WindowedCache(W), ArraysCache(n) -> RecurrentCache(n), None -> None (stateless). Any other kind is
-  refused with a CacheError naming it, never approximated.
+  WindowedCache(W), ArraysCache(n) -> RecurrentCache(n), ChunkedKVCache(c) -> ChunkedCache(c),
+  CacheList(parts) -> KVListCache / StateListCache of the parts mapped the same way, None -> None
+  (stateless). Each of ours subclasses the mlx-lm class it replaces, so every isinstance check a
+  model makes comes out as on the stock cache. Any other kind is refused with a CacheError naming
+  the model, the layer and the kind (docs/caches.md), never approximated.
 - ``forward(model, tokens, caches, n)`` is the only place a forward happens for the Engine: it
   refuses a forward that would cross a whole-state capture strictly inside it (the caller must cut
   there), calls the model once, then ``finish_forward(n)`` on every cache, so all layers rest at
@@ -19,6 +22,8 @@ import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
 
 from .base import CacheError, LayerCache
+from .chunked import ChunkedCache
+from .composite import make_list_cache
 from .kv import KVCache
 from .recurrent import RecurrentCache
 from .windowed import WindowedCache
@@ -26,22 +31,31 @@ from .windowed import WindowedCache
 
 def make_layer_caches(model) -> list[Optional[LayerCache]]:
     stock = mlx_cache.make_prompt_cache(model)
-    out: list[Optional[LayerCache]] = []
-    for i, c in enumerate(stock):
-        t = type(c)
-        if c is None:
-            out.append(None)
-        elif t is mlx_cache.KVCache:
-            out.append(KVCache(layer=i))
-        elif t is mlx_cache.RotatingKVCache:
-            if c.keep != 0:
-                raise CacheError(f"layer {i}: RotatingKVCache with keep={c.keep} is not supported (keep=0 only)")
-            out.append(WindowedCache(c.max_size, layer=i))
-        elif t is mlx_cache.ArraysCache:
-            out.append(RecurrentCache(len(c.cache), layer=i))
-        else:
-            raise CacheError(f"layer {i}: unsupported mlx-lm cache kind {t.__name__}")
-    return out
+    return [None if c is None else _ours(c, i, model) for i, c in enumerate(stock)]
+
+
+def _ours(c, i: int, model) -> LayerCache:
+    """Our cache for mlx-lm's cache c of layer i (exact types only: a subclass could change anything)."""
+    t = type(c)
+    if t is mlx_cache.KVCache:
+        return KVCache(layer=i)
+    if t is mlx_cache.RotatingKVCache:
+        if c.keep != 0:
+            raise CacheError(f"{_name(model)} layer {i}: RotatingKVCache with keep={c.keep} is not supported "
+                             "(keep=0 only; docs/caches.md)")
+        return WindowedCache(c.max_size, layer=i)
+    if t is mlx_cache.ArraysCache:
+        return RecurrentCache(len(c.cache), layer=i)
+    if t is mlx_cache.ChunkedKVCache:
+        return ChunkedCache(c.chunk_size, layer=i)
+    if t is mlx_cache.CacheList:
+        return make_list_cache([_ours(p, i, model) for p in c.caches], layer=i)
+    raise CacheError(f"{_name(model)} layer {i}: unsupported mlx-lm cache kind {t.__name__} (docs/caches.md)")
+
+
+def _name(model) -> str:
+    args = getattr(model, "args", None) or getattr(model, "config", None)
+    return f"model {getattr(args, 'model_type', None) or type(model).__module__}"
 
 
 def layer_kinds(caches: Sequence[Optional[LayerCache]]) -> list[Optional[str]]:

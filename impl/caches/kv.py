@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Optional
 
 import mlx.core as mx
+from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models.cache import create_attention_mask
 
 from .base import CacheError, LayerCache, MergeError, Snapshot
@@ -96,7 +97,10 @@ def _geometry(k, v):
     return (k.shape[0], k.shape[1], k.shape[3], v.shape[1], v.shape[3], k.dtype, v.dtype)
 
 
-class KVCache(LayerCache):
+class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
+    """(impl.caches.KVCache) An mlx-lm KVCache for every type check; its class name is distinct so
+    that mlx-lm's load_prompt_cache rebuilds this class, not mlx-lm's (persist.py)."""
+
     kind = "kv"
     step = 256
 
@@ -347,3 +351,17 @@ class KVCache(LayerCache):
     @property
     def outstanding_views(self) -> int:
         return len(self._views)
+
+    @classmethod
+    def from_state(cls, state):
+        c = cls()
+        c.state = state
+        return c
+
+    def to_quantized(self, group_size: int = 64, bits: int = 4):
+        from .quantized import QuantizedKVCache
+
+        return QuantizedKVCache.from_kv(self, group_size=group_size, bits=bits)
+
+
+KVCache = SnapshotKVCache

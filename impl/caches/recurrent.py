@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Optional
 
 import mlx.core as mx
+from mlx_lm.models import cache as mlx_cache
 
 from .base import CacheError, Snapshot, WholeStateCache
 from .captures import CaptureSchedule
@@ -43,7 +44,9 @@ class StateSnapshot(Snapshot):
         self.arrays = None
 
 
-class RecurrentCache(WholeStateCache):
+class RecurrentCache(WholeStateCache, mlx_cache.ArraysCache):
+    """An mlx-lm ArraysCache for every type check (mamba writes its state only into one)."""
+
     kind = "recurrent"
 
     def __init__(self, size: int, layer: Optional[int] = None):
@@ -176,3 +179,9 @@ class RecurrentCache(WholeStateCache):
         if self._sched.active and self._sched.pending_in(self.offset, self.offset):
             self._sched.reach(self.offset, self._capture)
         self._eval_captures()
+
+    @classmethod
+    def from_state(cls, state):
+        c = cls(len(state[0]))
+        c.state = state
+        return c

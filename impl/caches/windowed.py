@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Optional
 
 import mlx.core as mx
+from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models.base import create_causal_mask
 
 from .base import CacheError, Snapshot, WholeStateCache
@@ -46,7 +47,9 @@ class WindowSnapshot(Snapshot):
         self.keys = self.values = None
 
 
-class WindowedCache(WholeStateCache):
+class WindowedCache(WholeStateCache, mlx_cache.RotatingKVCache):
+    """An mlx-lm RotatingKVCache for every type check."""
+
     kind = "windowed"
     step = 256
     keep = 0
@@ -182,7 +185,17 @@ class WindowedCache(WholeStateCache):
 
     def trim(self, n: int) -> int:
         n = min(self.offset, n)
+        if n and n == self.offset and self.is_trimmable() and not self._sched.active:
+            self.offset = self._idx = 0     # as mlx-lm: the buffer stays (empty() False, nbytes kept)
+            self._since_boundary = 0
+            return n
         return n if self.restore(None, self.offset - n) else 0
+
+    @classmethod
+    def from_state(cls, state):
+        c = cls(state[4])
+        c.state = state
+        return c
 
     @property
     def nbytes(self) -> int:

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from mlx.utils import tree_flatten
 
-MODEL_NAMES = ("smollm2", "gemma3", "qwen3next", "mamba2")
+MODEL_NAMES = ("smollm2", "gemma3", "qwen3next", "mamba2", "mamba", "falcon_h1", "deepseek_v32", "llama4")
 DTYPES = ("float32", "bfloat16", "float16", "q4")
 
 

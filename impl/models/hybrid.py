@@ -24,6 +24,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from . import zoo as _zoo
+
 VOCAB = 49152
 WINDOW = 8
 SEED = 20260101
@@ -96,6 +98,8 @@ CONFIGS: dict[str, dict] = {
 }
 
 SEEDS = {"gemma3": SEED, "qwen3next": SEED + 1, "mamba2": SEED + 2}
+CONFIGS.update(_zoo.CONFIGS)     # mamba, falcon_h1, deepseek_v32, llama4 (impl/models/zoo.py)
+SEEDS.update(_zoo.SEEDS)
 
 
 def cache_root() -> Path:

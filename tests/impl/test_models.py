@@ -13,16 +13,21 @@ from impl.caches import CacheError, forward, make_layer_caches
 from impl.memory import mlx_memory, release_pool
 from impl.models import MODEL_NAMES, hybrid, load, shared_tokenizer
 
-FAST = ["gemma3", "qwen3next", "mamba2"]
+FAST = ["gemma3", "qwen3next", "mamba2", "mamba", "falcon_h1", "deepseek_v32", "llama4"]
 KINDS = {
     "gemma3": ["windowed", "kv", "windowed", "kv"],
     "qwen3next": ["recurrent", "kv", "recurrent", "kv"],
     "mamba2": ["recurrent", "recurrent"],
+    "mamba": ["recurrent", "recurrent"],
+    "falcon_h1": ["recurrent", "recurrent"],            # CacheList(ArraysCache, KVCache): StateListCache
+    "deepseek_v32": ["kv", "kv"],                        # CacheList(KVCache, KVCache): KVListCache
+    "llama4": ["recurrent", "recurrent", "recurrent", "kv"],   # ChunkedCache x3, KVCache
 }
 
 
 def test_model_names():
-    assert MODEL_NAMES == ("smollm2", "gemma3", "qwen3next", "mamba2")
+    assert MODEL_NAMES == ("smollm2", "gemma3", "qwen3next", "mamba2", "mamba", "falcon_h1", "deepseek_v32",
+                           "llama4")
 
 
 @pytest.mark.parametrize("name", FAST)
@@ -33,7 +38,7 @@ def test_hybrid_models_load_small_float32(name):
     assert lm.vocab_size == 49152 and lm.context_length == 8192
     params = tree_flatten(lm.model.parameters())
     assert all(v.dtype == mx.float32 for _, v in params)
-    assert lm.n_params == sum(v.size for _, v in params) < 5_000_000
+    assert lm.n_params == sum(v.size for _, v in params) < 8_000_000   # untied heads of 49152 x 64: ~6.4M
     assert lm.weight_bytes == 4 * lm.n_params
     assert lm.tokenizer is shared_tokenizer()
     if name == "gemma3":
