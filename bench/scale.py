@@ -161,7 +161,7 @@ def measure(kind: str, lm, args, plan) -> dict:
 
 
 def markdown(rep: dict) -> str:
-    g = 1 << 30
+    g, m = 1 << 30, 1 << 20
     lines = [f"### {rep['arch']} {rep['size']} ({rep['params'] / 1e9:.2f}B params, {rep['dtype']}), context "
              f"{rep['context']}, device {rep['device']}", "",
              f"{rep['conversations']} conversations x {rep['turns']} turns on a {rep['system']}-token system "
@@ -171,8 +171,8 @@ def markdown(rep: dict) -> str:
     for r in rep["runners"]:
         lines.append(f"| {r['runner']} | {r['requests']} | {r['prompt_tokens']} | {r['prefilled']} | "
                      f"{r['ttft_sum_s']:.2f} s | {r['ttft_median_s']:.3f} s | {r['ttft_max_s']:.2f} s | "
-                     f"{r['peak_bytes'] / g:.2f} GiB | {r['peak_above_weights'] / g:.2f} GiB | "
-                     f"{r['held_bytes'] / g:.3f} GiB |")
+                     f"{r['peak_bytes'] / g:.2f} GiB | {r['peak_above_weights'] / m:.1f} MiB | "
+                     f"{r['held_bytes'] / m:.1f} MiB |")
     return "\n".join(lines) + "\n"
 
 
