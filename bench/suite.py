@@ -210,6 +210,8 @@ def run_case(lm, geom, wl: W.Workload, s: Settings, log=print) -> dict:
             "bk_frac_median": statistics.median(x / y for x, y in zip(o.bookkeeping, o.forward) if y > 0),
             "bk_ms_median": statistics.median(o.bookkeeping) * 1e3,
             "evictions_ours": o.evictions, "nodes_ours": ro.entries(), "entries_lru": rl.entries(),
+            "evaluated_ours": sum(o.prefilled) + sum(max(0, len(t) - 1) for t in o.tokens),
+            "evaluated_lru": sum(l_.prefilled) + sum(len(t) for t in l_.tokens),
             "gap_max_ours": max(o.gap), "interval": s.interval, "boundaries": runners["ours"].takes_boundaries,
             "checkpoints_lru": rl.checkpoints, "context_max": max(len(wl.prompt(j, responses)) for j in range(len(wl))),
             "agree_lru": sum(a == r for a, r in zip(l_.tokens, ref)),

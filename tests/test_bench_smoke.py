@@ -67,7 +67,7 @@ def hybrid():
 
 @pytest.mark.parametrize("name", list(TINY))
 def test_workload_figures_are_consistent(hybrid, name):
-    from bench import report, suite
+    from bench import floors, report, suite
 
     from impl.caches import live_snapshots
 
@@ -93,6 +93,29 @@ def test_workload_figures_are_consistent(hybrid, name):
         assert r["ttft_ours_lru"] > 0 and r["ttft_ours_none"] > 0
     assert rows["ample"]["prefilled_ours"] <= rows["tight"]["prefilled_ours"]
     assert "|" in report.markdown_table(list(rows.values()))
+    # structural floors of issue #16 that the hybrid meets at this size (bench/floors.py)
+    lines = [x for x in floors.judge(list(rows.values())) if x["floor"] in ("gap<=interval", "held<=mlx")]
+    assert lines and all(x["ok"] for x in lines), floors.table(lines)
+
+
+STRUCTURAL = ("pure=ideal", "B/token<=1.1raw", "held<=mlx", "gap<=interval", "prefill<=mlx")
+
+
+def test_structural_floors_on_pure_attention_chat():
+    """Issue #16's structural floors (token and byte counts, never timings) on SmolLM2: prefill at the
+    ideal, every cached token's K/V rows held once (<= 1.1x raw KV per distinct cached token), ours
+    holds and evaluates no more than mlx-lm's server cache at the same budget, and matched - resumed
+    stays within the capture interval."""
+    from bench import floors, suite
+    from bench.runners import geometry
+    from impl.models import load
+
+    lm = load("smollm2")
+    wl = W.build("chat", lm.tokenizer, **TINY["chat"])
+    rows = suite.run_case(lm, geometry(lm), wl, suite.Settings(chunk=128, check_rules=True), log=lambda *_: None)
+    lines = [x for x in floors.judge(list(rows.values())) if x["floor"] in STRUCTURAL]
+    assert {x["floor"] for x in lines} == set(STRUCTURAL)
+    assert all(x["ok"] for x in lines), floors.table(lines)
 
 
 def test_fifty_turns_plateaus_under_e2_and_grows_under_prefix_policy():
