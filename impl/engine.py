@@ -53,8 +53,10 @@ class MediaEmbedding(nn.Module):
 
 
 def _install_media_embedding(model) -> MediaEmbedding:
-    for owner_name in ("model", "backbone", "language_model"):
-        owner = getattr(model, owner_name, None)
+    for owner_name in ("model", "backbone", "language_model", "language_model.model"):   # the last: llama4
+        owner = model
+        for part in owner_name.split("."):
+            owner = getattr(owner, part, None)
         if owner is None:
             continue
         for attr in ("embed_tokens", "embeddings"):

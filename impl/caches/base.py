@@ -99,7 +99,16 @@ class Snapshot:
         self._closed = True
         self.on_materialise = None
         self._release()
-        _live -= 1
+        if not getattr(self, "_part", False):
+            _live -= 1
+
+    def _adopt(self) -> None:
+        """This snapshot becomes a part of a composite snapshot (composite.py): from now on the
+        composite is what counts in ``live_snapshots()``, and releasing the composite releases it."""
+        global _live
+        if not getattr(self, "_part", False):
+            self._part = True
+            _live -= 1
 
     def _release(self) -> None:
         """Drop owned arrays / detach from the issuing cache (subclasses)."""
@@ -107,6 +116,17 @@ class Snapshot:
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("lazy" if self.lazy else f"{self.size}B")
         return f"<{type(self).__name__} {self.kind} [{self.start},{self.end}) layer={self.layer} {state}>"
+
+
+class _NoBatching:
+    """``merge`` read on a layer cache or its class raises AttributeError (so ``hasattr`` is False):
+    mlx-lm's batching protocol is refused, see the module docstring."""
+
+    def __get__(self, obj, owner):
+        raise AttributeError(
+            f"{owner.__name__} does not support mlx-lm's batching (merge(caches)): one live cache set "
+            "serves one token stream; snapshots merge with merge_snapshots(a, b)"
+        )
 
 
 class LayerCache:
@@ -127,13 +147,7 @@ class LayerCache:
     def __bool__(self) -> bool:
         return True
 
-    @property
-    def merge(self):
-        """Absent (AttributeError): mlx-lm's batching protocol is refused, see the module docstring."""
-        raise AttributeError(
-            f"{type(self).__name__} does not support mlx-lm's batching (merge(caches)): one live cache "
-            "set serves one token stream; snapshots merge with merge_snapshots(a, b)"
-        )
+    merge = _NoBatching()
 
     # --- snapshot protocol -------------------------------------------------------------------
     def snapshot(self, start: int) -> Optional[Snapshot]:

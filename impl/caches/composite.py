@@ -16,7 +16,8 @@ Two kinds, decided by the parts (REFERENCE section 1):
   snapshot protocol (P1: no split into its edges), merging keeps the newer state (G2) and a split
   leaves it on the tail (S4).
 - A1: a PartsSnapshot's size is the sum of its parts'; a part materialising reports through the
-  PartsSnapshot's hook. A2: releasing a PartsSnapshot releases each part once.
+  PartsSnapshot's hook. A2: a PartsSnapshot counts once in live_snapshots() (its parts are adopted,
+  uncounted); releasing it releases each part once.
 - The mlx-lm interface (``cache[i]``, ``caches``, ``state``, ``trim``, ``is_trimmable``, ``size``,
   ``empty``, ``nbytes``) is mlx-lm's CacheList's, so models and mlx-lm helpers see a CacheList.
 """
@@ -39,6 +40,7 @@ class PartsSnapshot(Snapshot):
         self.parts = parts
         for p in parts:
             if p is not None:
+                p._adopt()                 # A2: the composite is the one snapshot counted
                 p.on_materialise = self._part_grew
 
     def _part_grew(self, delta: int) -> None:
@@ -209,6 +211,10 @@ class KVListCache(_ListMixin, LayerCache, mlx_cache.CacheList):
         for c in self.caches:
             c.finish_forward(n_tokens)
         self.offset += n_tokens
+
+    def fit(self) -> int:
+        """Each KV part's fit (kv.py): no growth slack held at rest."""
+        return sum(c.fit() for c in self.caches if hasattr(c, "fit"))
 
 
 class StateListCache(_ListMixin, WholeStateCache, mlx_cache.CacheList):

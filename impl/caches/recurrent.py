@@ -49,10 +49,10 @@ class RecurrentCache(WholeStateCache, mlx_cache.ArraysCache):
 
     kind = "recurrent"
 
-    def __init__(self, size: int, layer: Optional[int] = None):
+    def __init__(self, size: int, layer: Optional[int] = None, left_padding=None):
         super().__init__(layer)
         self.cache: list = [None] * size
-        self.left_padding = None
+        self.left_padding = mx.array(left_padding) if left_padding else None   # as ArraysCache
         self.lengths = None
         self._advanced = 0
         self._sched = CaptureSchedule()
@@ -67,11 +67,14 @@ class RecurrentCache(WholeStateCache, mlx_cache.ArraysCache):
 
     @property
     def state(self):
-        return self.cache, self.left_padding, self.lengths
+        """mlx-lm's (cache, left_padding, lengths) plus the offset, which an ArraysCache does not
+        keep but T3 needs after save_prompt_cache / load_prompt_cache; a 3-tuple sets offset 0."""
+        return self.cache, self.left_padding, self.lengths, self.offset
 
     @state.setter
     def state(self, v):
-        self.cache, self.left_padding, self.lengths = v
+        self.cache, self.left_padding, self.lengths = v[:3]
+        self.offset = int(v[3]) if len(v) > 3 else 0
 
     @property
     def batch_size(self) -> int:

@@ -31,6 +31,10 @@ MODELS_DIR = pathlib.Path(mlx_cache.__file__).parent
 # model type -> the documented refusal's words (docs/caches.md, "Refused").
 REFUSALS: dict[str, str] = {}
 
+# model type -> why it is not run in-process here (checked by hand, see docs/caches.md).
+NOT_RUN = {"phi3small": "mlx-lm's own model on mlx-lm's own caches (no impl code) segfaults inside MLX on "
+                        "the CPU, intermittently: it would kill the test process"}
+
 CI_SAMPLE = {"llama", "mamba", "gemma3_text", "bailing_moe_linear", "deepseek_v32", "falcon_h1",
              "baichuan_m1", "llama4", "qwen3_next", "nemotron_h"}
 
@@ -127,6 +131,8 @@ def _params():
 
 @pytest.mark.parametrize("model_type", list(_params()))
 def test_architecture_logits_match_mlx_lm_caches(model_type):
+    if model_type in NOT_RUN:
+        pytest.skip(NOT_RUN[model_type])
     try:
         model, _config = build(model_type)
         stock = mlx_cache.make_prompt_cache(model)

@@ -123,6 +123,8 @@ OVERRIDES: dict[str, dict] = {
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
     "qwen3_next": {"full_attention_interval": 2},
     "plamo": {"n_shared_head": 2},
+    "qwen3": {"rope_theta": 10000.0},
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"], "lru_width": 32, "logits_soft_cap": 30.0},
     "llama4_text": {"no_rope_layers": [1, 0], "interleave_moe_layer_step": 2},
     "llama4": {"text_config_extra": {"no_rope_layers": [1, 1, 1, 0], "interleave_moe_layer_step": 2,
                                     "num_experts_per_tok": 1, "num_hidden_layers": 4}},
@@ -161,3 +163,17 @@ def build(model_type: str, seed: int = 0):
     mx.eval(model.parameters())
     model.eval()
     return model, config
+
+
+if __name__ == "__main__":       # ./dev python tests/support/small_archs.py MODEL_TYPE...: one process each
+    import sys
+
+    from impl.caches import CacheError, make_layer_caches
+    from tests.support.arch_compare import compare
+
+    for a in sys.argv[1:] or ARCHITECTURES:
+        try:
+            m, _ = build(a)
+            print(a, compare(m, make_layer_caches(m)) or "identical")
+        except (NotBuilt, CacheError) as e:
+            print(a, f"{type(e).__name__}: {e}")
