@@ -25,7 +25,8 @@ from fuzz.calibrate import tie_gap, tolerance
 from impl.caches import forward, live_snapshots, make_layer_caches
 
 # C1 bound and tie gap: calibrated per model, device and dtype (fuzz/calibrate.py)
-MODELS = ["gemma3", "qwen3next", "mamba2", pytest.param("smollm2", marks=pytest.mark.slow)]
+MODELS = ["gemma3", "qwen3next", "mamba2", "mamba", "falcon_h1", "deepseek_v32", "llama4",
+          pytest.param("smollm2", marks=pytest.mark.slow)]
 MAX_DIFF: dict[str, float] = {}
 
 
