@@ -2,8 +2,8 @@
 
 Invariants:
 - ``make_layer_caches(model)`` mirrors exactly what ``mlx_lm.models.cache.make_prompt_cache(model)``
-  builds, layer by layer: KVCache -> KVCache, RotatingKVCache(max_size=W, keep=0) ->
-  WindowedCache(W), ArraysCache(n) -> RecurrentCache(n), ChunkedKVCache(c) -> ChunkedCache(c),
+  builds, layer by layer: KVCache -> KVCache, RotatingKVCache(max_size=W, keep=k) ->
+  WindowedCache(W, keep=k), ArraysCache(n) -> RecurrentCache(n), ChunkedKVCache(c) -> ChunkedCache(c),
   CacheList(parts) -> KVListCache / StateListCache of the parts mapped the same way, None -> None
   (stateless). Each of ours subclasses the mlx-lm class it replaces, so every isinstance check a
   model makes comes out as on the stock cache. Any other kind is refused with a CacheError naming
@@ -29,8 +29,10 @@ from .recurrent import RecurrentCache
 from .windowed import WindowedCache
 
 
-def make_layer_caches(model) -> list[Optional[LayerCache]]:
-    stock = mlx_cache.make_prompt_cache(model)
+def make_layer_caches(model, max_kv_size: Optional[int] = None) -> list[Optional[LayerCache]]:
+    """max_kv_size: as mlx-lm's (--max-kv-size): RotatingKVCache(max_kv_size, keep=4) layers for a
+    model without its own make_cache."""
+    stock = mlx_cache.make_prompt_cache(model, max_kv_size)
     return [None if c is None else _ours(c, i, model) for i, c in enumerate(stock)]
 
 
@@ -40,10 +42,7 @@ def _ours(c, i: int, model) -> LayerCache:
     if t is mlx_cache.KVCache:
         return KVCache(layer=i)
     if t is mlx_cache.RotatingKVCache:
-        if c.keep != 0:
-            raise CacheError(f"{_name(model)} layer {i}: RotatingKVCache with keep={c.keep} is not supported "
-                             "(keep=0 only; docs/caches.md)")
-        return WindowedCache(c.max_size, layer=i)
+        return WindowedCache(c.max_size, layer=i, keep=c.keep)
     if t is mlx_cache.ArraysCache:
         return RecurrentCache(len(c.cache), layer=i)
     if t is mlx_cache.ChunkedKVCache:

@@ -1,13 +1,15 @@
 """Sliding-window attention cache with whole-state snapshots (drop-in for mlx-lm's
-RotatingKVCache(max_size=W, keep=0), as gemma3_text uses it).
+RotatingKVCache(max_size=W, keep=k): keep=0 as gemma3_text uses it, keep=4 as mlx-lm's
+--max-kv-size builds it).
 
 The live buffer follows mlx-lm's algorithm step for step (a multi-token write linearises the window
-and concatenates, keeping the last W-1 old rows; a single-token write rotates in place inside W
-slots), and ``make_mask`` returns exactly what mlx-lm's cache returns, so logits match stock mlx-lm.
+and concatenates, keeping the first k and the last W-1-k old rows; a single-token write rotates in
+place inside slots [k, W)), and ``make_mask`` returns exactly what mlx-lm's cache returns, so logits match stock mlx-lm.
 
 Invariants (REFERENCE.md rule ids):
-- S2: a windowed snapshot is the state at one offset o (start == end == o): the last min(o, W)
-  rows in temporal order. It is an owned copy; restoring it reproduces every later forward of a
+- S2: a windowed snapshot is the state at one offset o (start == end == o): min(o, W) rows in
+  temporal order, the first k positions and the newest after them (the rows every later write
+  keeps). It is an owned copy; restoring it reproduces every later forward of a
   cache that reached o by any route.
 - Captures fire only at write boundaries (a scheduled offset strictly inside one write is a
   CacheError naming the offset: the driver must cut the forward there). A capture at the offset
@@ -52,13 +54,15 @@ class WindowedCache(WholeStateCache, mlx_cache.RotatingKVCache):
 
     kind = "windowed"
     step = 256
-    keep = 0
 
-    def __init__(self, max_size: int, layer: Optional[int] = None):
+    def __init__(self, max_size: int, layer: Optional[int] = None, keep: int = 0):
         super().__init__(layer)
         if max_size < 1:
             raise CacheError(f"window must be >= 1, got {max_size}")
+        if not 0 <= keep < max_size:
+            raise CacheError(f"keep must be in [0, {max_size}), got {keep}")
         self.max_size = int(max_size)
+        self.keep = int(keep)
         self.keys: Optional[mx.array] = None
         self.values: Optional[mx.array] = None
         self._idx = 0
@@ -70,13 +74,23 @@ class WindowedCache(WholeStateCache, mlx_cache.RotatingKVCache):
     def window(self) -> int:
         return self.max_size
 
-    # --- buffer algorithm (mlx-lm RotatingKVCache with keep = 0) --------------------------------
+    # --- buffer algorithm (mlx-lm RotatingKVCache) ------------------------------------------------
     def _temporal_order(self, v: mx.array) -> mx.array:
         if self._idx == v.shape[2]:
             return v
         if self._idx < self.offset:
-            return mx.concatenate([v[..., self._idx :, :], v[..., : self._idx, :]], axis=2)
+            k = self.keep
+            parts = [v[..., :k, :]] if k else []
+            return mx.concatenate(parts + [v[..., self._idx :, :], v[..., k : self._idx, :]], axis=2)
         return v[..., : self._idx, :]
+
+    def _trim(self, trim: int, v: mx.array) -> mx.array:
+        """Drop `trim` rows after the first `keep` (mlx-lm's RotatingKVCache._trim)."""
+        if trim <= 0:
+            return v
+        if self.keep == 0:
+            return v[..., trim:, :]
+        return mx.concatenate([v[..., : self.keep, :], v[..., trim + self.keep :, :]], axis=2)
 
     def _update_concat(self, keys, values):
         if self.keys is None:
@@ -86,9 +100,8 @@ class WindowedCache(WholeStateCache, mlx_cache.RotatingKVCache):
             self.values = self._temporal_order(self.values)
             self._idx = self.keys.shape[2]
             trim = self._idx - self.max_size + 1
-            if trim > 0:
-                self.keys = self.keys[..., trim:, :]
-                self.values = self.values[..., trim:, :]
+            self.keys = self._trim(trim, self.keys)
+            self.values = self._trim(trim, self.values)
             self.keys = mx.concatenate([self.keys, keys], axis=2)
             self.values = mx.concatenate([self.values, values], axis=2)
         self.offset += keys.shape[2]
@@ -110,11 +123,11 @@ class WindowedCache(WholeStateCache, mlx_cache.RotatingKVCache):
             self._idx = prev
         trim = self.keys.shape[2] - self.max_size
         if trim > 0:
-            self.keys = self.keys[..., trim:, :]
-            self.values = self.values[..., trim:, :]
+            self.keys = self._trim(trim, self.keys)
+            self.values = self._trim(trim, self.values)
             self._idx = self.max_size
         if self._idx == self.max_size:
-            self._idx = 0
+            self._idx = self.keep
         self.keys[..., self._idx : self._idx + S, :] = keys
         self.values[..., self._idx : self._idx + S, :] = values
         self.offset += S
@@ -172,7 +185,7 @@ class WindowedCache(WholeStateCache, mlx_cache.RotatingKVCache):
 
     @state.setter
     def state(self, v):
-        self.keys, self.values, self.offset, _keep, self.max_size, self._idx = v
+        self.keys, self.values, self.offset, self.keep, self.max_size, self._idx = v
 
     def size(self) -> int:
         return min(self.offset, self.max_size)
@@ -193,7 +206,7 @@ class WindowedCache(WholeStateCache, mlx_cache.RotatingKVCache):
 
     @classmethod
     def from_state(cls, state):
-        c = cls(state[4])
+        c = cls(state[4], keep=state[3])
         c.state = state
         return c
 
@@ -203,9 +216,12 @@ class WindowedCache(WholeStateCache, mlx_cache.RotatingKVCache):
 
     # --- snapshot protocol -------------------------------------------------------------------
     def _window_rows(self):
-        """The last min(offset, W) rows in temporal order (views of the buffer)."""
+        """min(offset, W) rows in temporal order: the first `keep` and the newest after them (views
+        of the buffer, or a concatenation when keep > 0 and rows are dropped between)."""
         k, v = self._temporal_order(self.keys), self._temporal_order(self.values)
         rows = min(self.offset, self.max_size)
+        if k.shape[2] > rows and self.keep:
+            return self._trim(k.shape[2] - rows, k), self._trim(v.shape[2] - rows, v)
         return k[..., k.shape[2] - rows :, :], v[..., v.shape[2] - rows :, :]
 
     def _capture(self, _base: int, o: int) -> Optional[WindowSnapshot]:

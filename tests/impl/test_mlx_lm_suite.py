@@ -40,7 +40,6 @@ from impl.caches import (CacheError, ChunkedCache, KVCache, RecurrentCache,  # n
 from impl.caches.composite import KVListCache, StateListCache, make_list_cache  # noqa: E402
 
 EXPECTED_FAILURES = {
-    "test_save_load_rotating_cache": "RotatingKVCache(keep=2): keep > 0 is refused (docs/caches.md)",
     "test_cache_to_quantized": "to_quantized (--kv-bits) is refused: CacheError (docs/caches.md)",
     "test_cache_list": "CacheList.merge: mlx-lm's batching protocol, refused (base.py, Names)",
     "test_merge_with_empty_caches": "ArraysCache.merge: mlx-lm's batching protocol, refused (base.py, Names)",
@@ -52,12 +51,6 @@ BASELINE_FAILURES = {
     "test_batch_kv_cache": "BatchKVCache.filter keeps 254 rows where the checkout expects 2 (installed 0.32.2)",
     "test_cache_list": "CacheList.merge(...).extract(0) returns other KV rows than it was given",
 }
-
-
-def _rotating(max_size, keep=0):
-    if keep != 0:
-        raise CacheError(f"RotatingKVCache with keep={keep} is not supported (keep=0 only; docs/caches.md)")
-    return WindowedCache(max_size)
 
 
 class _CacheListType(type):
@@ -96,7 +89,7 @@ def _load_suite():
     spec = importlib.util.spec_from_file_location("mlx_lm_test_prompt_cache", SUITE)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    ours = {"KVCache": KVCache, "RotatingKVCache": _rotating, "ArraysCache": RecurrentCache,
+    ours = {"KVCache": KVCache, "RotatingKVCache": WindowedCache, "ArraysCache": RecurrentCache,
             "ChunkedKVCache": ChunkedCache, "CacheList": _CacheList, "load": _load,
             "make_prompt_cache": lambda model, *a, **k: make_layer_caches(model)}
     if STOCK:       # the baseline: mlx-lm's own classes, only the model replaced
