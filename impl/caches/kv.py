@@ -359,9 +359,10 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         return c
 
     def to_quantized(self, group_size: int = 64, bits: int = 4):
-        from .quantized import QuantizedKVCache
+        """mlx-lm's QuantizedKVCache of these rows (it leaves the snapshot protocol; quantized.py)."""
+        from .quantized import to_quantized
 
-        return QuantizedKVCache.from_kv(self, group_size=group_size, bits=bits)
+        return to_quantized(self, group_size=group_size, bits=bits)
 
 
 KVCache = SnapshotKVCache

@@ -35,3 +35,20 @@ def test_release_is_once_only():
     with pytest.raises(CacheError, match="A2"):
         s.release()
     assert not hasattr(s, "close")
+
+
+def test_to_quantized_is_mlx_lm_s_and_refused_with_snapshots_outstanding():
+    from mlx_lm.models.cache import KVCache as StockKV
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    x = mx.random.normal((1, 2, 5, 64), key=mx.random.key(3))
+    ours, stock = KVCache(layer=0), StockKV()
+    ours.update_and_fetch(x, x)
+    stock.update_and_fetch(x, x)
+    s = ours.snapshot(0)
+    with pytest.raises(CacheError, match="no snapshots"):
+        ours.to_quantized(group_size=32, bits=8)
+    s.release()
+    q, r = ours.to_quantized(group_size=32, bits=8), stock.to_quantized(group_size=32, bits=8)
+    assert type(q) is QuantizedKVCache and q.offset == r.offset == 5
+    assert all(mx.array_equal(a, b).item() for a, b in zip(q.keys, r.keys))

@@ -40,7 +40,6 @@ from impl.caches import (CacheError, ChunkedCache, KVCache, RecurrentCache,  # n
 from impl.caches.composite import KVListCache, StateListCache, make_list_cache  # noqa: E402
 
 EXPECTED_FAILURES = {
-    "test_cache_to_quantized": "to_quantized (--kv-bits) is refused: CacheError (docs/caches.md)",
     "test_cache_list": "CacheList.merge: mlx-lm's batching protocol, refused (base.py, Names)",
     "test_merge_with_empty_caches": "ArraysCache.merge: mlx-lm's batching protocol, refused (base.py, Names)",
     "test_arrays_cache_extend_with_empty": "ArraysCache.merge: mlx-lm's batching protocol, refused",
