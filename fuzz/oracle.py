@@ -319,12 +319,12 @@ class Runner:
         self._quiet_checks(rec)
 
         # IDEAL: what was evaluated before in this case bounds what may be reused.
-        from impl.media import prompt_keys, spans
-        keys = prompt_keys(tokens, media)
+        from impl.media import keys_of, noncausal_spans
+        keys = keys_of(tokens, media)
         n = len(keys)
         lcp = max((_lcp(keys, s) for s in self.streams), default=0)
         lcp = min(lcp, n - 1)
-        for a, e in spans(media):
+        for a, e in noncausal_spans(media):
             if a < lcp < e:
                 lcp = a
         end = r.stats.resumed + r.stats.prefilled

@@ -119,11 +119,11 @@ def _media(lm, toks, r, k, split: bool) -> Run:
     """A non-causal item of 9 positions starting at r-4, through the engine's forward; cold = one
     forward of the prompt, planted = the item cut in two forwards at r."""
     from impl.engine import Engine
-    from impl.media import Media, check_media, spans
+    from impl.media import MediaItem, noncausal_spans, validate_media
 
     e = Engine(lm, capture_interval=0, near_end=0)
-    media = check_media([Media(r - 4, 9, b"planted", (3, 3), False)], len(toks))
-    sp = spans(media)
+    media = validate_media([MediaItem(r - 4, 9, b"planted", (3, 3), False)], len(toks))
+    sp = noncausal_spans(media)
     n = len(toks)
     cuts = [0] + ([r] if split else []) + [n - 1]
     for a, b in zip(cuts, cuts[1:]):

@@ -39,7 +39,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from impl.media import Media
+from impl.media import MediaItem
 
 CASE_FORMAT = "prefix-trie-fuzz-case/1"
 PLACEHOLDER_TOKEN = "<empty_output>"      # a reserved control token of SmolLM2's vocabulary
@@ -111,13 +111,13 @@ SENTENCES = [
 MEDIA_MARK = re.compile(r"<MEDIA:(\d+)>")
 
 
-def media_to_json(m: Media) -> dict:
+def media_to_json(m: MediaItem) -> dict:
     return {"pos": m.pos, "length": m.length, "data": bytes(m.data).hex(), "dims": list(m.dims),
             "causal": bool(m.causal)}
 
 
-def media_from_json(d: dict) -> Media:
-    return Media(int(d["pos"]), int(d["length"]), bytes.fromhex(d["data"]), tuple(d.get("dims", ())),
+def media_from_json(d: dict) -> MediaItem:
+    return MediaItem(int(d["pos"]), int(d["length"]), bytes.fromhex(d["data"]), tuple(d.get("dims", ())),
                  bool(d.get("causal", False)))
 
 
@@ -228,7 +228,7 @@ class Workload:
         for m in MEDIA_MARK.finditer(text):
             tokens += self.tok.encode(text[pos:m.start()])
             data, dims, length, causal = conv.media[int(m.group(1))]
-            media.append(Media(len(tokens), length, data, dims, causal))
+            media.append(MediaItem(len(tokens), length, data, dims, causal))
             tokens += [self.placeholder] * length
             pos = m.end()
         tokens += self.tok.encode(text[pos:])

@@ -25,7 +25,7 @@ import mlx.nn as nn
 import numpy as np
 
 from impl.caches.factory import forward
-from impl.media import BadRequest, check_media, prompt_keys, spans as noncausal
+from impl.media import BadRequest, keys_of, noncausal_spans, validate_media
 from impl.memory import mlx_memory
 from impl.prefix_cache import PrefixCache, Stats
 
@@ -152,7 +152,7 @@ class Engine:
                                  f"[0, {self.loaded.vocab_size})")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise BadRequest(f"max_tokens {max_tokens!r} must be an int >= 0")
-        return check_media(media, len(tokens))
+        return validate_media(media, len(tokens))
 
     # ---------------------------------------------------------- forward
     def _forward(self, tokens, p: int, media, request_spans, logits: bool = True) -> mx.array | None:
@@ -191,7 +191,7 @@ class Engine:
         tokens = self.tokens_of(prompt)
         media = self.validate(tokens, media, max_tokens)
         marks = self.boundaries_of(prompt, tokens, boundaries)
-        keys, spans = prompt_keys(tokens, media), noncausal(media)
+        keys, spans = keys_of(tokens, media), noncausal_spans(media)
         cancel = cancel or (lambda: False)
         book0 = self.pc.bookkeeping_s
         self.pc.begin(keys, spans, marks)

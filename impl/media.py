@@ -32,7 +32,7 @@ class BadRequest(ValueError):
 
 
 @dataclass(frozen=True)
-class Media:
+class MediaItem:
     pos: int
     length: int
     data: bytes = b""
@@ -55,10 +55,10 @@ class Media:
         return (rng.standard_normal((self.length, hidden)) * scale).astype(np.float32)
 
 
-def check_media(media, n_tokens: int) -> list:
+def validate_media(media, n_tokens: int) -> list:
     for m in media:
-        if not isinstance(m, Media):
-            raise BadRequest(f"media item {m!r} is not a Media")
+        if not isinstance(m, MediaItem):
+            raise BadRequest(f"media item {m!r} is not a MediaItem")
         for name in ("pos", "length"):
             v = getattr(m, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
@@ -78,13 +78,13 @@ def check_media(media, n_tokens: int) -> list:
     return items
 
 
-def prompt_keys(tokens, media) -> tuple:
+def keys_of(tokens, media) -> tuple:
     keys = list(tokens)
     for m in media:
         keys[m.pos:m.end] = [m.fold] * m.length
     return tuple(keys)
 
 
-def spans(media) -> list:
+def noncausal_spans(media) -> list:
     """(pos, end) of the non-causal items."""
     return [(m.pos, m.end) for m in media if not m.causal]

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spec.media import capture_ceiling, extend_chunk, keys_of, noncausal_spans, resume_floor, validate_request
-from spec.trie import KV, WINDOWED, Broken, Node, Store, common_prefix, match, state_content
+from spec.trie import KV, WINDOWED, Broken, Node, Trie, common_prefix, match, state_content
 from spec.view import RequestView, View, freeze
 
 
@@ -85,7 +85,7 @@ def next_chunk_end(p: int, target: int, chunk: int, cuts: list[int], spans: list
 class Capture:
     offset: int
     user: bool
-    snaps: dict  # layer index -> Snap
+    snaps: dict  # layer index -> Snapshot
 
 
 @dataclass
@@ -106,12 +106,12 @@ class PrefixCache:
         if budget < 0:
             raise ValueError(f"budget {budget} < 0")
         self.layers = tuple(layers)
-        self.store = Store(self.layers)
+        self.trie = Trie(self.layers)
         self.budget, self.interval, self.near_end, self.chunk = budget, interval, near_end, chunk
         self.live = [() for _ in self.layers]   # content per layer
         self.offset = 0
         self.seq: list = []                     # keys of the live positions
-        self.path = [self.store.root]
+        self.path = [self.trie.root]
         self.clock = 0
         self.request: Request | None = None
         self.evictions = 0                      # nodes evicted so far (impl reports them per request)
@@ -119,7 +119,7 @@ class PrefixCache:
 
     @property
     def root(self) -> Node:
-        return self.store.root
+        return self.trie.root
 
     @property
     def frontier(self) -> Node:
@@ -160,7 +160,7 @@ class PrefixCache:
         self.path = [n for n in path if n.end <= resume]
         inside = [n for n in path if n.start < resume < n.end]
         if inside:                                # P1: split at the live offset
-            self.path.append(self.store.split(inside[0], resume))
+            self.path.append(self.trie.split(inside[0], resume))
         self.touch(self.frontier)
         plan = schedule(len(keys), resume, matched, spans, self.interval, self.near_end, tuple(boundaries))
         self.request = Request(keys=keys, spans=spans, matched=matched, resume=resume, schedule=plan, base=resume)
@@ -204,8 +204,8 @@ class PrefixCache:
                     s = n.snaps[i]
                     p, q = max(n.start, common), min(n.end, x)
                     if not s.lazy and p < q:
-                        self.store.materialise(i, p, n.end)
-                        self.store.counter -= s.nbytes(layer)
+                        self.trie.materialise(i, p, n.end)
+                        self.trie.counter -= s.size(layer)
                         s.lazy = True
                     content += s.content[:q - n.start]
                 self.live[i] = content
@@ -221,25 +221,44 @@ class PrefixCache:
         self.seq = list(keys[:x])
 
     # ---------------------------------------------------------------- prefill
-    def prefill(self, max_chunks: int | None = None) -> bool:
-        """Evaluate the prompt up to its last key in chunks; stop early after
-        `max_chunks` (a cancel). Attaches the captures when complete."""
+    # The driver's three verbs, as impl has them: next_chunk() names the keys
+    # to evaluate, evaluated(keys) runs them at the live offset, prefilled()
+    # ends the prefill. prefill() and step() are the operation alphabet of
+    # spec.view.Op, built from them.
+    def next_chunk(self) -> tuple | None:
+        """The next prefill chunk [p, q), or None when only the decode seed is left."""
         req = self.request
         if req is None or req.prefilled:
             raise ValueError("prefill needs a begun, unprefilled request")
         target = len(req.keys) - 1
+        if self.offset >= target:
+            return None
         cuts = [c for c, _ in req.schedule] if any(l.whole_state for l in self.layers) else []
+        return self.offset, next_chunk_end(self.offset, target, self.chunk, cuts, req.spans)
+
+    def evaluated(self, keys: tuple) -> None:
+        """The keys were evaluated at the live offset (a prefill chunk, or a decode step)."""
+        req = self.request
+        p = self.offset
+        self.forward(tuple(keys), req.spans if not req.prefilled else [])
+        if not req.prefilled:
+            req.chunks.append((p, self.offset))
+
+    def prefilled(self) -> None:
+        """The prefill is complete: attach its captures."""
+        self.request.prefilled = True
+        self.attach()
+
+    def prefill(self, max_chunks: int | None = None) -> bool:
+        """Evaluate the prompt up to its last key in chunks; stop early after
+        `max_chunks` (a cancel). Attaches the captures when complete."""
         done = 0
-        while self.offset < target:
+        while (chunk := self.next_chunk()) is not None:
             if max_chunks is not None and done >= max_chunks:
                 return False
-            p = self.offset
-            q = next_chunk_end(p, target, self.chunk, cuts, req.spans)
-            self.forward(req.keys[p:q], req.spans)
-            req.chunks.append((p, q))
+            self.evaluated(self.request.keys[chunk[0]:chunk[1]])
             done += 1
-        req.prefilled = True
-        self.attach()
+        self.prefilled()
         return True
 
     def step(self, key: int) -> None:
@@ -248,7 +267,7 @@ class PrefixCache:
         req = self.request
         if req is None or not req.prefilled:
             raise ValueError("decode needs a prefilled request")
-        self.forward((key,), [])
+        self.evaluated((key,))
 
     def forward(self, keys: tuple, spans: list) -> None:
         """Evaluate keys at [p, q): materialise overlapped views, extend the
@@ -262,7 +281,7 @@ class PrefixCache:
         pending = [s for c in req.pending for s in c.snaps.values()]
         for i in self.stateful():
             if self.layers[i].kind == KV:
-                self.store.materialise(i, p, q, pending)
+                self.trie.materialise(i, p, q, pending)
         for i in self.stateful():
             full = self.live[i] + content
             self.live[i] = full if self.layers[i].kind != WINDOWED else state_content(self.layers[i], full)
@@ -273,11 +292,11 @@ class PrefixCache:
                 for i in self.stateful():
                     layer = self.layers[i]
                     if layer.kind == KV:
-                        snaps[i] = self.store.new_snap(layer=i, kind=KV, start=req.base, end=c,
+                        snaps[i] = self.trie.new_snapshot(layer=i, kind=KV, start=req.base, end=c,
                                                        content=self.live[i][req.base:c], lazy=True)
                     else:
                         assert c == q, f"whole-state capture at {c} inside forward [{p}, {q})"
-                        snaps[i] = self.store.new_snap(layer=i, kind=layer.kind, start=c, end=c,
+                        snaps[i] = self.trie.new_snapshot(layer=i, kind=layer.kind, start=c, end=c,
                                                        content=self.live[i])
                 req.pending.append(Capture(c, user, snaps))
                 req.base = c
@@ -290,10 +309,10 @@ class PrefixCache:
         keys = tuple(self.seq[f.end:to])
         walked, k = match(f, keys)
         if len(walked) > 1 and f.end + k < walked[-1].end:
-            walked[-1] = self.store.split(walked[-1], f.end + k)
+            walked[-1] = self.trie.split(walked[-1], f.end + k)
         self.path += walked[1:]
         if k < len(keys):
-            self.path.append(self.store.append_child(self.frontier, keys[k:]))
+            self.path.append(self.trie.append_child(self.frontier, keys[k:]))
         return self.frontier
 
     def attach(self) -> None:
@@ -310,12 +329,12 @@ class PrefixCache:
                 # before advance, so it never starts after its node.
                 assert s.kind != KV or s.start <= node.start, f"capture [{s.start}, {s.end}) after {node.start}"
                 if i in node.snaps:
-                    self.store.release(s)       # the snapshot the node has wins
+                    self.trie.release(s)       # the snapshot the node has wins
                     continue
                 if s.kind == KV and s.start < node.start:  # clip: the node starts inside the capture (S1)
-                    head, s = self.store.split_snap(s, node.start)
-                    self.store.release(head)
-                self.store.own(node, s)
+                    head, s = self.trie.split_snapshot(s, node.start)
+                    self.trie.release(head)
+                self.trie.own(node, s)
             self.touch(node)
             self.compact()
         req.pending = []
@@ -330,11 +349,11 @@ class PrefixCache:
                 continue
             kind = self.layers[i].kind
             if kind == KV:
-                s = self.store.new_snap(layer=i, kind=KV, start=node.start, end=node.end,
+                s = self.trie.new_snapshot(layer=i, kind=KV, start=node.start, end=node.end,
                                         content=self.live[i][node.start:node.end], lazy=True)
             else:
-                s = self.store.new_snap(layer=i, kind=kind, start=node.end, end=node.end, content=self.live[i])
-            self.store.own(node, s)
+                s = self.trie.new_snapshot(layer=i, kind=kind, start=node.end, end=node.end, content=self.live[i])
+            self.trie.own(node, s)
 
     def close(self) -> None:
         if self.request is None:
@@ -358,7 +377,7 @@ class PrefixCache:
             n = self.path[i]
             if not n.user and len(n.children) == 1 and all(self.layers[j].kind == KV for j in n.snaps):
                 self.path.remove(n.children[0])
-                self.store.merge_with_child(n)
+                self.trie.merge_with_child(n)
             else:
                 i += 1
 
@@ -367,15 +386,15 @@ class PrefixCache:
         return n is not self.root and n is not self.frontier and len(n.children) < 2
 
     def node_bytes(self, n: Node) -> int:
-        return sum(s.nbytes(self.layers[i]) for i, s in n.snaps.items())
+        return sum(s.size(self.layers[i]) for i, s in n.snaps.items())
 
     def evict_order(self, n: Node) -> tuple:
         """E3: least recently used, then deeper, then larger, then key path."""
         return (n.last_used, -n.end, -self.node_bytes(n), n.path_keys())
 
     def evict(self) -> None:
-        while self.store.counter > self.budget:
-            victims = [n for n in self.store.nodes() if self.evictable(n)]
+        while self.trie.counter > self.budget:
+            victims = [n for n in self.trie.nodes() if self.evictable(n)]
             if not victims:
                 return
             v = min(victims, key=self.evict_order)
@@ -384,9 +403,9 @@ class PrefixCache:
             if v.children:                        # E4
                 if v.children[0] in self.path:
                     self.path.remove(v.children[0])
-                self.store.merge_with_child(v)
+                self.trie.merge_with_child(v)
             else:
-                self.store.remove_leaf(v)
+                self.trie.remove_leaf(v)
                 self.compact()                    # P2: its parent may be left with one child
 
     def set_budget(self, budget: int) -> None:
@@ -404,9 +423,9 @@ class PrefixCache:
             tuple(id(s) for c in r.pending for s in c.snaps.values()))
         return freeze(self.root, self.path, layers=self.layers, offset=self.offset, seq=self.seq,
                       live=[c if l.stateful else None for l, c in zip(self.layers, self.live)],
-                      counter=self.store.counter, budget=self.budget, clock=self.clock, request=req,
-                      released=[id(s) for s in self.store.created if s.released],
-                      created=[id(s) for s in self.store.created],
+                      counter=self.trie.counter, budget=self.budget, clock=self.clock, request=req,
+                      released=[id(s) for s in self.trie.created if s.released],
+                      created=[id(s) for s in self.trie.created],
                       snaps_of=lambda n: sorted(n.snaps.items()),
                       content_of=lambda i, s, keys: s.content)
 

@@ -60,22 +60,28 @@ def validate_request(tokens, media=(), vocab_size: int = TOKEN_LIMIT, boundaries
     for i, t in enumerate(tokens):
         if not isinstance(t, int) or t < 0 or t >= vocab_size:
             raise ValueError(f"token id {t!r} at position {i} is outside the vocabulary [0, {vocab_size})")
+    validate_media(media, len(tokens))
+    for b in boundaries:
+        if isinstance(b, bool) or not isinstance(b, int) or not 0 < b <= len(tokens):
+            raise ValueError(f"message boundary {b!r} is not an offset in (0, {len(tokens)}]")
+
+
+def validate_media(media, n_tokens: int) -> None:
+    """M1's preconditions on a prompt of n_tokens: items inside it, not
+    overlapping, a non-causal one never covering the decode seed."""
     items = sorted(media, key=lambda m: m.pos)
     for m in items:
         if m.length <= 0:
             raise ValueError(f"media item at position {m.pos} has length {m.length} <= 0")
-        if m.pos < 0 or m.end > len(tokens):
-            raise ValueError(f"media item [{m.pos}, {m.end}) runs past the prompt of {len(tokens)} tokens")
-        if not m.causal and m.end >= len(tokens):
+        if m.pos < 0 or m.end > n_tokens:
+            raise ValueError(f"media item [{m.pos}, {m.end}) runs past the prompt of {n_tokens} tokens")
+        if not m.causal and m.end >= n_tokens:
             raise ValueError(
                 f"non-causal media item [{m.pos}, {m.end}) covers the prompt's last position, "
                 "which is the decode seed and must be evaluated alone (M1)")
     for a, b in zip(items, items[1:]):
         if b.pos < a.end:
             raise ValueError(f"media items [{a.pos}, {a.end}) and [{b.pos}, {b.end}) overlap")
-    for b in boundaries:
-        if isinstance(b, bool) or not isinstance(b, int) or not 0 < b <= len(tokens):
-            raise ValueError(f"message boundary {b!r} is not an offset in (0, {len(tokens)}]")
 
 
 def keys_of(tokens, media=()) -> tuple:

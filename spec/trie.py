@@ -63,7 +63,7 @@ def state_content(layer: Layer, content: tuple) -> tuple:
 
 
 @dataclass(eq=False)
-class Snap:
+class Snapshot:
     """One layer's paged-out state. KV: content of [start, end). Whole-state:
     start == end == the offset the state describes. A lazy KV view owns no
     bytes until it materialises."""
@@ -75,7 +75,7 @@ class Snap:
     lazy: bool = False
     released: bool = False
 
-    def nbytes(self, layer: Layer) -> int:
+    def size(self, layer: Layer) -> int:
         if self.kind == KV:
             return 0 if self.lazy else (self.end - self.start) * layer.cost
         if self.kind == WINDOWED:
@@ -89,7 +89,7 @@ class Node:
     start: int
     parent: "Node | None" = None
     children: list = field(default_factory=list)
-    snaps: dict = field(default_factory=dict)  # layer index -> Snap
+    snaps: dict = field(default_factory=dict)  # layer index -> Snapshot
     last_used: int = 0
     user: bool = False
 
@@ -143,7 +143,7 @@ def walk(node: Node):
         yield from walk(c)
 
 
-class Store:
+class Trie:
     """The trie plus the byte counter and the snapshot registry (A1, A2)."""
 
     def __init__(self, layers):
@@ -153,26 +153,23 @@ class Store:
         self.created: list = []    # every snapshot ever made (A2)
 
     # --- ownership (A1, A2) ---
-    def new_snap(self, **kw) -> Snap:
-        s = Snap(**kw)
+    def new_snapshot(self, **kw) -> Snapshot:
+        s = Snapshot(**kw)
         self.created.append(s)
         return s
 
-    def release(self, s: Snap) -> None:
+    def release(self, s: Snapshot) -> None:
         assert not s.released, "A2: snapshot released twice"
         s.released = True
 
-    def own(self, node: Node, s: Snap) -> None:
+    def own(self, node: Node, s: Snapshot) -> None:
         node.snaps[s.layer] = s
-        self.counter += s.nbytes(self.layers[s.layer])
+        self.counter += s.size(self.layers[s.layer])
 
-    def disown(self, node: Node, i: int) -> Snap:
+    def disown(self, node: Node, i: int) -> Snapshot:
         s = node.snaps.pop(i)
-        self.counter -= s.nbytes(self.layers[i])
+        self.counter -= s.size(self.layers[i])
         return s
-
-    def held(self, s: Snap) -> bool:
-        return any(n.snaps.get(s.layer) is s for n in walk(self.root))
 
     def materialise(self, i: int, p: int, q: int, pending=()) -> None:
         """A write to slots [p, q) of KV layer i first copies out every lazy
@@ -181,25 +178,25 @@ class Store:
             s = n.snaps.get(i)
             if s is not None and s.lazy and s.start < q and p < s.end:
                 s.lazy = False
-                self.counter += s.nbytes(self.layers[i])
+                self.counter += s.size(self.layers[i])
         for s in pending:
             if s.layer == i and s.lazy and s.start < q and p < s.end:
                 s.lazy = False
 
     # --- snapshot arithmetic ---
-    def split_snap(self, s: Snap, at: int) -> tuple:
+    def split_snapshot(self, s: Snapshot, at: int) -> tuple:
         """S4: a KV snapshot splits into two halves (lazy stays lazy); a
         whole-state snapshot describes the end, so it all goes to the tail."""
         if s.kind != KV:
             return None, s
         assert s.start < at < s.end, f"split at {at} outside ({s.start}, {s.end})"
         k = at - s.start
-        head = self.new_snap(layer=s.layer, kind=KV, start=s.start, end=at, content=s.content[:k], lazy=s.lazy)
-        tail = self.new_snap(layer=s.layer, kind=KV, start=at, end=s.end, content=s.content[k:], lazy=s.lazy)
+        head = self.new_snapshot(layer=s.layer, kind=KV, start=s.start, end=at, content=s.content[:k], lazy=s.lazy)
+        tail = self.new_snapshot(layer=s.layer, kind=KV, start=at, end=s.end, content=s.content[k:], lazy=s.lazy)
         self.release(s)
         return head, tail
 
-    def merge_snaps(self, a: Snap | None, b: Snap | None) -> Snap | None:
+    def merge_snapshots(self, a: Snapshot | None, b: Snapshot | None) -> Snapshot | None:
         """G1/G2: KV pairs concatenate only when adjacent; whole-state keeps
         the newer (b), with or without a. A missing KV side leaves no snapshot."""
         if b is not None and b.kind != KV:
@@ -213,7 +210,7 @@ class Store:
             return None
         if a.end != b.start:
             raise MergeError(f"G1: KV snapshots [{a.start}, {a.end}) and [{b.start}, {b.end}) are not adjacent")
-        merged = self.new_snap(layer=a.layer, kind=KV, start=a.start, end=b.end,
+        merged = self.new_snapshot(layer=a.layer, kind=KV, start=a.start, end=b.end,
                                content=a.content + b.content, lazy=a.lazy and b.lazy)
         self.release(a)
         self.release(b)
@@ -230,7 +227,7 @@ class Store:
         parent.children[parent.children.index(node)] = head
         node.parent, node.edge, node.start = head, node.edge[k:], at
         for i in sorted(node.snaps):
-            h, t = self.split_snap(self.disown(node, i), at)
+            h, t = self.split_snapshot(self.disown(node, i), at)
             if h is not None:
                 self.own(head, h)
             self.own(node, t)
@@ -243,7 +240,7 @@ class Store:
         for i in sorted(set(node.snaps) | set(child.snaps)):
             a = self.disown(node, i) if i in node.snaps else None
             b = self.disown(child, i) if i in child.snaps else None
-            merged = self.merge_snaps(a, b)
+            merged = self.merge_snapshots(a, b)
             if merged is not None:
                 self.own(node, merged)
         node.edge = node.edge + child.edge

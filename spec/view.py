@@ -256,7 +256,11 @@ def freeze(root, path, *, layers, offset, seq, live, counter, budget, clock=0, r
 
 
 def snap_size(s, layer) -> int:
-    """A snapshot's owned bytes: its reported `size` where it has one (impl),
-    else the spec's arithmetic (`nbytes(layer)`)."""
-    size = getattr(s, "size", None)
-    return size if isinstance(size, int) else s.nbytes(layer)
+    """A snapshot's owned bytes: what its cache reported (`reported`, set on
+    an abstracted snapshot), its `size` where that is a number (impl), else
+    the spec's arithmetic (`size(layer)`)."""
+    reported = getattr(s, "reported", None)
+    if reported is not None:
+        return reported
+    size = s.size
+    return size if isinstance(size, int) else size(layer)

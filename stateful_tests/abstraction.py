@@ -3,7 +3,8 @@ spec PrefixCache, and a canonical plain form of either for comparison."""
 from __future__ import annotations
 
 from spec.cache import PrefixCache as SpecCache, Request as SpecRequest
-from spec.trie import Node as SpecNode, Snap, state_content
+from spec.view import snap_size
+from spec.trie import Node as SpecNode, Snapshot, state_content
 
 
 def abstract(pc, layers, tracer, chunk: int) -> SpecCache:
@@ -19,17 +20,18 @@ def abstract(pc, layers, tracer, chunk: int) -> SpecCache:
             if s is None:
                 continue
             expected = state_content(layers[i], keys[:s.end])
-            snap = Snap(layer=i, kind=s.kind, start=s.start, end=s.end, lazy=s.lazy,
+            snap = Snapshot(layer=i, kind=s.kind, start=s.start, end=s.end, lazy=s.lazy,
                         content=() if s.closed else tracer.snap(i, s, expected), released=s.closed)
-            snap.size = s.size            # a closed snapshot still held shows as held and released (A2)
+            snap.reported = s.size        # what impl reports (the view shows it); a closed snapshot still held
+                                          # shows as held and released (A2)
             m.snaps[i] = snap
-            sp.store.created.append(snap)
+            sp.trie.created.append(snap)
         for c in n.children.values():
             m.children.append(build(c, m))
         return m
 
-    sp.store.root = build(pc.root, None)
-    sp.store.counter = pc.counter
+    sp.trie.root = build(pc.root, None)
+    sp.trie.counter = pc.counter
     # a path node no longer in the trie (evicted from under the path) shows detached (T3, E2)
     sp.path = [mapped.get(id(n)) or SpecNode(edge=tuple(n.edge), start=n.start) for n in pc.path]
     sp.offset = pc.offset
@@ -47,7 +49,7 @@ def abstract(pc, layers, tracer, chunk: int) -> SpecCache:
 def snap_bytes(pc, i: int, s) -> int:
     """A snapshot's owned bytes: impl's reported size (kept on abstracted
     snapshots), else what the spec computes for layer i."""
-    return getattr(s, "size", None) or s.nbytes(pc.layers[i])
+    return snap_size(s, pc.layers[i])
 
 
 def canon(pc) -> dict:
@@ -58,7 +60,7 @@ def canon(pc) -> dict:
         return (n.start, tuple(n.edge), n.user, n.last_used, snaps,
                 tuple(node(c) for c in sorted(n.children, key=lambda c: repr(c.edge[0]))))
     r = pc.request
-    return {"offset": pc.offset, "seq": tuple(pc.seq), "counter": pc.store.counter, "clock": pc.clock,
+    return {"offset": pc.offset, "seq": tuple(pc.seq), "counter": pc.trie.counter, "clock": pc.clock,
             "evictions": pc.evictions,
             "path": tuple(n.end for n in pc.path), "tree": node(pc.root), "live": tuple(pc.live),
             "request": None if r is None else (r.matched, r.resume, tuple(r.chunks), r.prefilled)}

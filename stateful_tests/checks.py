@@ -167,12 +167,12 @@ def spec_dump_view(sp) -> tuple:
                         for x, layer in zip(snaps, sp.layers) if layer.kind is not None)
         flags = frozenset(f for f, on in (("user", n.user), ("active", id(n) in active),
                                           ("frontier", n is frontier)) if on)
-        text[(depth, None if n is sp.store.root else (n.start, n.end, len(n.edge), nbytes, kinds), flags)] += 1
+        text[(depth, None if n is sp.trie.root else (n.start, n.end, len(n.edge), nbytes, kinds), flags)] += 1
         for c in n.children:
             visit(c, depth + 1)
-    visit(sp.store.root, 0)
-    head = {"offset": sp.offset, "paged_out": sp.store.counter, "budget": sp.budget, "clock": sp.clock}
-    header = (sp.offset, sp.store.counter, sp.budget, sum(text.values()))
+    visit(sp.trie.root, 0)
+    head = {"offset": sp.offset, "paged_out": sp.trie.counter, "budget": sp.budget, "clock": sp.clock}
+    header = (sp.offset, sp.trie.counter, sp.budget, sum(text.values()))
     return {"head": head, "nodes": rows}, (header, text)
 
 

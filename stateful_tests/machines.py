@@ -146,7 +146,7 @@ class ConformanceMachine(DecisionJudges, RuleChecks, ToolingChecks, RuleBasedSta
         """A clock that ticked once during the operation: every node touched
         in it (last used after the clock before it) gets the same time; each
         side from its own clock (a side that touched nothing keeps its clock)."""
-        for nodes, cache, t in ((self.sp.store.nodes(), self.sp, ticks[0]),
+        for nodes, cache, t in ((self.sp.trie.nodes(), self.sp, ticks[0]),
                                 (impl_walk(self.ip.root), self.ip, ticks[1])):
             for n in nodes:
                 if n.last_used > t:
@@ -160,8 +160,8 @@ class ConformanceMachine(DecisionJudges, RuleChecks, ToolingChecks, RuleBasedSta
         folds); they must agree on the keys, on (matched, resume) and on the
         capture schedule (M2)."""
         tokens, items = compose(base, base_media, text, media)
-        mine = impl.media.check_media([impl_item(it) for it in items], len(tokens))
-        keys, spans = impl.media.prompt_keys(tokens, mine), impl.media.spans(mine)
+        mine = impl.media.validate_media([impl_item(it) for it in items], len(tokens))
+        keys, spans = impl.media.keys_of(tokens, mine), impl.media.noncausal_spans(mine)
         want = keys_of(tokens, items)
         assert keys == want, "conformance mismatch in 'keys' (section 1, media folds): spec " \
             f"{[k for k, j in zip(want, keys) if k != j][:3]}, impl {[j for k, j in zip(want, keys) if k != j][:3]}"

@@ -27,7 +27,7 @@ import impl.media
 from impl import prefix_cache as pc_module
 from impl.caches.kv import KVSnapshot
 from impl.prefix_cache import PrefixCache
-from impl.trie import Trie
+from impl.trie import Trie as ImplTrie
 
 
 @contextlib.contextmanager
@@ -111,11 +111,11 @@ def g1_non_adjacent_concatenation():
     the historical chain: the resumed node dropped from the path (P1), attach
     keeping a capture that starts after its node's start (the rebuilt node's
     edge begins earlier than its KV snapshot), and the silent merge."""
-    merge = mutated(Trie.merge_with_child, "merged = cache.merge_snapshots(a, b)", "merged = _silent_merge(cache, a, b)",
+    merge = mutated(ImplTrie.merge_with_child, "merged = cache.merge_snapshots(a, b)", "merged = _silent_merge(cache, a, b)",
                     _silent_merge=_silent_merge)
     attach = mutated(PrefixCache.attach, 'if node.snaps[i] is not None or (s.kind == "kv" and s.start > node.start):',
                      "if node.snaps[i] is not None:")
-    with patched(Trie, "merge_with_child", merge), patched(PrefixCache, "attach", attach), p1_resumed_node_dropped():
+    with patched(ImplTrie, "merge_with_child", merge), patched(PrefixCache, "attach", attach), p1_resumed_node_dropped():
         yield
 
 
@@ -149,10 +149,30 @@ def s1_capture_not_clipped():
         PrefixCache.attach, 'if s.kind == "kv" and s.start < node.start:', "if False:"))
 
 
+def p2_compaction_drops_whole_state():
+    """P2 before its 2026-12-02 revision: compaction merged every non-user
+    single-child node, so the branch-point capture begin had just scheduled and
+    each earlier turn's end were thrown away (hybrid regenerations resumed at 0)."""
+    return patched(PrefixCache, "_compact", mutated(
+        PrefixCache._compact, 'if not n.user and len(n.children) == 1 and all(s is None or s.kind == "kv" for s in n.snaps):',
+        "if not n.user and len(n.children) == 1:"))
+
+
+def c2_resume_one_checkpoint_low():
+    """C2: begin resumes one checkpoint below the deepest one the trie serves
+    (a silent loss of reuse: the field's most common hybrid bug)."""
+    real = PrefixCache._resume
+
+    def _resume(self, path, matched, common, spans):
+        r = real(self, path, matched, common, spans)
+        return r if r == 0 else real(self, path, r - 1, common, spans)
+    return patched(PrefixCache, "_resume", _resume)
+
+
 def fold_without_its_bit():
     """Section 1: impl's media fold loses FOLD_BIT, so a fold can equal a token id."""
-    real = impl.media.Media.fold.fget
-    return patched(impl.media.Media, "fold", property(lambda self: real(self) & (impl.media.FOLD_BIT - 1)))
+    real = impl.media.MediaItem.fold.fget
+    return patched(impl.media.MediaItem, "fold", property(lambda self: real(self) & (impl.media.FOLD_BIT - 1)))
 
 
 @dataclass(frozen=True)
@@ -212,5 +232,10 @@ MUTANTS = {m.key: m for m in [
            elsewhere=("stateful_tests/test_directed.py::test_eviction_order_with_tied_clocks_is_the_specs",)),
     Mutant("S1", "S1 capture not clipped to its node", s1_capture_not_clipped, "kv_windowed", ("S1",), examples=1000,
            elsewhere=("stateful_tests/test_directed.py::test_legacy_trie_floors_the_match_and_clips_the_capture",)),
+    Mutant("P2", "P2 compaction merges whole-state checkpoints away (pre-revision)", p2_compaction_drops_whole_state,
+           "kv_recurrent", ("P2", "C2", "E5"),
+           elsewhere=("tests/spec/test_rules_mutations.py::test_p2_compaction_that_drops_a_whole_state_checkpoint_is_flagged",)),
+    Mutant("C2", "C2 resume one checkpoint below the deepest", c2_resume_one_checkpoint_low, "kv_recurrent",
+           ("C2", "E5"), elsewhere=("tests/spec/test_rules_mutations.py::test_p2_regeneration_resumes_at_the_branch_point_capture",)),
     Mutant("fold", "media fold without its bit", fold_without_its_bit, "kv", ("'keys'",)),
 ]}

@@ -80,16 +80,16 @@ class BytesOnlyItem(MediaItem):
 
 
 @dataclass(frozen=True)
-class BytesOnlyMedia(impl.media.Media):
+class BytesOnlyMedia(impl.media.MediaItem):
     """impl's Media whose fold ignores run length and causality."""
     @property
     def fold(self) -> int:
-        return impl.media.Media(0, 0, self.data, self.dims).fold
+        return impl.media.MediaItem(0, 0, self.data, self.dims).fold
 
 
-def impl_item(it: MediaItem) -> impl.media.Media:
+def impl_item(it: MediaItem) -> impl.media.MediaItem:
     """The spec item `it` as impl's media item (impl folds it with its own code)."""
-    cls = BytesOnlyMedia if isinstance(it, BytesOnlyItem) else impl.media.Media
+    cls = BytesOnlyMedia if isinstance(it, BytesOnlyItem) else impl.media.MediaItem
     return cls(pos=it.pos, length=it.length, data=it.data, dims=it.dims, causal=it.causal)
 
 

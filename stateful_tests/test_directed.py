@@ -25,7 +25,7 @@ from hypothesis import given, settings, strategies as st
 
 from impl.invariants import RuleViolation
 from impl.prefix_cache import PrefixCache as ImplCache
-from impl.trie import Node, Trie, walk
+from impl.trie import Node, Trie as ImplTrie, walk
 from spec.cache import PrefixCache as SpecCache
 from spec.rules import c1_cold_equivalence, check
 from stateful_tests.abstraction import abstract, canon

@@ -35,7 +35,7 @@ def test_mutants_leave_impl_untouched():
     """Each mutant restores impl when its context ends."""
     from impl import media, prefix_cache, trie
     snapshot = lambda: (dict(vars(prefix_cache.PrefixCache)), dict(vars(trie.Trie)), prefix_cache.schedule,
-                        dict(vars(media.Media)))
+                        dict(vars(media.MediaItem)))
     before = snapshot()
     for m in MUTANTS.values():
         with m.apply():

@@ -25,7 +25,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from fuzz.calibrate import tolerance
 from impl.engine import Engine
-from impl.media import Media
+import impl.media
 from impl.models import load
 from spec.cache import PrefixCache as SpecCache
 from spec.media import MediaItem
@@ -57,7 +57,7 @@ def spec_layers(engine) -> list:
 def structure(root, layers) -> tuple:
     """A node's shape with snapshot ranges and sizes (no content)."""
     def size(i, s):
-        return s.size if hasattr(s, "size") and not callable(getattr(s, "size")) else s.nbytes(layers[i])
+        return s.size if hasattr(s, "size") and not callable(getattr(s, "size")) else s.size(layers[i])
 
     def snaps(n):
         items = n.snaps.items() if isinstance(n.snaps, dict) else ((i, s) for i, s in enumerate(n.snaps) if s is not None)
@@ -171,7 +171,7 @@ class ModelMachine(RuleBasedStateMachine):
         """A media placeholder run at a random place; the rest follows."""
         at = min(at, len(conv))
         prompt = conv[:at] + [PLACEHOLDER] * length + tail
-        self.request(prompt, 2, media=[Media(at, length, data, (length,), causal)])
+        self.request(prompt, 2, media=[impl.media.MediaItem(at, length, data, (length,), causal)])
 
     @rule(conv=conversations, k=st.integers(0, 2), extra=st.lists(st.sampled_from(WORDS), min_size=8, max_size=30))
     def cancel_mid_prefill(self, conv, k, extra):
@@ -188,7 +188,7 @@ class ModelMachine(RuleBasedStateMachine):
         impl_tree = structure(self.engine.pc.root, self.layers)
         spec_tree = structure(self.spec.root, self.layers)
         assert impl_tree == spec_tree, "impl trie differs from spec"
-        assert self.engine.pc.counter == self.spec.store.counter
+        assert self.engine.pc.counter == self.spec.trie.counter
         assert [n.end for n in self.engine.pc.path] == [n.end for n in self.spec.path]
 
     @invariant()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from impl.engine import Engine
-from impl.media import BadRequest, Media
+from impl.media import BadRequest, MediaItem
 from test_engine_support import assert_c1, assert_same_state, engine_state
 
 CTX = 8192          # every model's context length (asserted below)
@@ -40,12 +40,12 @@ CASES = [
     ("str id", dict(prompt=P[:3] + ["7"]), ["'7'", "vocabulary"]),
     ("None id", dict(prompt=[None] + P), ["None", "vocabulary"]),
     ("bool id", dict(prompt=P + [True]), ["True", "vocabulary"]),
-    ("media overlap", dict(prompt=P, media=[Media(2, 5, **IMG), Media(6, 3, b"other")]), ["overlap"]),
-    ("media length 0", dict(prompt=P, media=[Media(3, 0, **IMG)]), ["length 0"]),
-    ("media length < 0", dict(prompt=P, media=[Media(3, -2, **IMG)]), ["length -2"]),
-    ("media past prompt", dict(prompt=P, media=[Media(15, 9, **IMG, causal=True)]), ["runs past", "20 tokens"]),
-    ("media negative pos", dict(prompt=P, media=[Media(-1, 3, **IMG)]), ["runs past"]),
-    ("non-causal covers last", dict(prompt=P, media=[Media(15, 5, **IMG)]), ["last position"]),
+    ("media overlap", dict(prompt=P, media=[MediaItem(2, 5, **IMG), MediaItem(6, 3, b"other")]), ["overlap"]),
+    ("media length 0", dict(prompt=P, media=[MediaItem(3, 0, **IMG)]), ["length 0"]),
+    ("media length < 0", dict(prompt=P, media=[MediaItem(3, -2, **IMG)]), ["length -2"]),
+    ("media past prompt", dict(prompt=P, media=[MediaItem(15, 9, **IMG, causal=True)]), ["runs past", "20 tokens"]),
+    ("media negative pos", dict(prompt=P, media=[MediaItem(-1, 3, **IMG)]), ["runs past"]),
+    ("non-causal covers last", dict(prompt=P, media=[MediaItem(15, 5, **IMG)]), ["last position"]),
     ("max_tokens < 0", dict(prompt=P, max_tokens=-1), ["max_tokens", "-1"]),
     ("max_tokens float", dict(prompt=P, max_tokens=2.5), ["max_tokens"]),
     ("unknown role", dict(prompt=[{"role": "user", "content": "hi"}, {"role": "wizard", "content": "x"}]),
@@ -55,7 +55,7 @@ CASES = [
     ("sampler not callable", dict(prompt=P, sampler="greedy"), ["sampler must be callable"]),
     ("cancel not callable", dict(prompt=P, cancel=True), ["cancel must be callable"]),
     ("media not a Media", dict(prompt=P, media=[(2, 3)]), ["not a Media"]),
-    ("media float pos", dict(prompt=P, media=[Media(1.5, 3, **IMG)]), ["position"]),
+    ("media float pos", dict(prompt=P, media=[MediaItem(1.5, 3, **IMG)]), ["position"]),
 ]
 
 
@@ -70,7 +70,7 @@ def warm(request):
     assert lm.context_length == CTX and lm.vocab_size == 49152
     e = Engine(lm, chunk_size=8, capture_interval=8, check_rules=True)
     e.generate(_text(30, 1), 3, stop_at_eos=False)
-    e.generate(_text(12, 1) + _text(10, 2), 2, stop_at_eos=False, media=[Media(14, 4, b"pic", (1, 2))])
+    e.generate(_text(12, 1) + _text(10, 2), 2, stop_at_eos=False, media=[MediaItem(14, 4, b"pic", (1, 2))])
     return lm, e
 
 

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from impl.engine import Engine
-from impl.media import Media
+from impl.media import MediaItem
 from test_engine_support import UNLIMITED, assert_c1, assert_stats_consistent, examples
 
 HYBRIDS = ("gemma3", "qwen3next", "mamba2")
@@ -61,7 +61,7 @@ class Script:
     def history(self, turns):
         toks, media = [], []
         for user, umedia, reply in turns:
-            media += [Media(len(toks) + m.pos, m.length, m.data, m.dims, m.causal) for m in umedia]
+            media += [MediaItem(len(toks) + m.pos, m.length, m.data, m.dims, m.causal) for m in umedia]
             toks += user + reply
         return toks, media
 
@@ -72,12 +72,12 @@ class Script:
             data, dims, n = self.images[draw(st.integers(0, len(self.images) - 1), label="image")]
             causal = draw(st.booleans(), label="causal")
             pre = seg[:2]
-            return pre + [0] * n + seg, [Media(len(pre), n, data, dims, causal)]
+            return pre + [0] * n + seg, [MediaItem(len(pre), n, data, dims, causal)]
         return seg, []
 
     def ask(self, turns, user, umedia, what):
         toks, media = self.history(turns)
-        media += [Media(len(toks) + m.pos, m.length, m.data, m.dims, m.causal) for m in umedia]
+        media += [MediaItem(len(toks) + m.pos, m.length, m.data, m.dims, m.causal) for m in umedia]
         toks += user
         k = self.data.draw(st.integers(1, self.max_new), label="max_tokens")
         r = self.engine.generate(toks, max_tokens=k, media=media, stop_at_eos=False)

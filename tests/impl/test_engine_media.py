@@ -29,7 +29,7 @@ from fuzz.calibrate_report import MARGIN
 from impl.models import load
 from impl.engine import Engine
 from impl.invariants import RuleViolation, violations
-from impl.media import Media
+from impl.media import MediaItem
 from test_engine_support import (TOL, ForwardSpy, assert_c1, assert_stats_consistent, cold_ours, max_abs, nodes,
                                  node_ends)
 
@@ -39,8 +39,8 @@ ATTENTION = ["qwen3next", "gemma3", "smollm2"]       # mamba2 has no attention: 
 
 def prompts(lm):
     T = np.random.default_rng(3).integers(1, lm.vocab_size, 60).tolist()
-    I = Media(10, 14, b"cat.png", (2, 7))
-    J = Media(10, 20, b"cat.png", (2, 7))            # same bytes and dims, a longer run: other keys
+    I = MediaItem(10, 14, b"cat.png", (2, 7))
+    J = MediaItem(10, 20, b"cat.png", (2, 7))            # same bytes and dims, a longer run: other keys
     return T, (T[:10] + [0] * 14 + T[24:40], I), (T[:10] + [0] * 20 + T[30:44], J)
 
 
@@ -128,7 +128,7 @@ def test_causal_item_has_no_restriction(name, models):
     """The same layout with a causal item: the capture stays at 16 and the chunk ends at 16."""
     lm = models[name]
     _, (p1, I), _ = prompts(lm)
-    item = Media(I.pos, I.length, I.data, I.dims, causal=True)
+    item = MediaItem(I.pos, I.length, I.data, I.dims, causal=True)
     e = engine(lm)
     spy = ForwardSpy(e)
     r = e.generate(p1, 3, media=[item], stop_at_eos=False)
@@ -157,7 +157,7 @@ def test_oracle_sees_a_split_item(name, models):
             assert d > MARGIN * TOL[name], f"a split item changed the logits by only {d:.3g}"
     else:
         assert d <= TOL[name]
-    causal = [Media(I.pos, I.length, I.data, I.dims, causal=True)]
+    causal = [MediaItem(I.pos, I.length, I.data, I.dims, causal=True)]
     d_causal = max_abs(cold_ours(lm, p1, causal, 1).first_logits, cold_ours(lm, p1, causal, 1, split_at=16).first_logits)
     assert d_causal <= TOL[name], "a causal item may be split freely"
 
@@ -205,7 +205,7 @@ def old_fold(monkeypatch):
     def fold(self):
         digest = hashlib.sha256(bytes(self.data) + repr(tuple(self.dims)).encode()).digest()
         return FOLD_BIT | (int.from_bytes(digest[:8], "big") & (FOLD_BIT - 1))
-    monkeypatch.setattr(Media, "fold", property(fold))
+    monkeypatch.setattr(MediaItem, "fold", property(fold))
 
 
 def test_historical_media_bug_breaks_c1(models, monkeypatch):
@@ -246,7 +246,7 @@ def test_other_run_length_gets_other_keys(models):
     still exact (a fold of bytes and dims alone broke C1 here by ~0.1)."""
     lm = models["qwen3next"]
     _, (p1, I), (p2, J) = prompts(lm)
-    assert I.fold != J.fold and I.fold != Media(I.pos, I.length, I.data, I.dims, causal=True).fold
+    assert I.fold != J.fold and I.fold != MediaItem(I.pos, I.length, I.data, I.dims, causal=True).fold
     e = engine(lm)
     e.generate(p1, 3, media=[I], stop_at_eos=False)
     r2 = e.generate(p2, 3, media=[J], stop_at_eos=False)

@@ -34,7 +34,7 @@ from hypothesis import settings
 
 from fuzz.calibrate import tie_gap, tolerance
 from impl.engine import Engine, _arrays
-from impl.media import check_media, spans as noncausal
+from impl.media import noncausal_spans, validate_media
 from impl.trie import walk
 
 class _Calibrated:
@@ -93,8 +93,8 @@ def cold_ours(lm, tokens, media, k: int, split_at: int | None = None) -> Cold:
     """Our layer caches with no prefix cache: one forward of the whole prompt (or two, cut at
     `split_at`, to show what a split media item does), then k greedy tokens."""
     e = Engine(lm, capture_interval=0, near_end=0)
-    media = check_media(media, len(tokens))
-    sp = noncausal(media)
+    media = validate_media(media, len(tokens))
+    sp = noncausal_spans(media)
     cuts = [0] + ([split_at] if split_at else []) + [len(tokens)]
     for a, b in zip(cuts, cuts[1:]):
         logits = e._forward(tokens[a:b], a, media, sp)

@@ -15,9 +15,9 @@ import impl.prefix_cache as ipc
 import spec.cache as scache
 from impl.caches.base import WholeStateCache
 from impl.caches.kv import KVCache
-from impl.trie import Trie
+from impl.trie import Trie as ImplTrie
 from spec.cache import PrefixCache as SpecCache
-from spec.trie import KV, Layer, Store
+from spec.trie import KV, Layer, Trie
 
 KV_L, WIN, REC, NONE = Layer("kv", 16), Layer("windowed", 16, window=5), Layer("recurrent", 12), Layer(None)
 MIXES = {"kv": (KV_L,), "kv_rec": (NONE, KV_L, REC), "kv_win": (KV_L, WIN), "hybrid": (KV_L, WIN, NONE, REC)}
@@ -41,7 +41,7 @@ def t1_spec(mp):
         for i in sorted(node.snaps):
             store.release(store.disown(node, i))
         node.parent = None
-    mp.setattr(Store, "remove_leaf", remove_leaf)
+    mp.setattr(Trie, "remove_leaf", remove_leaf)
 
 
 def t1_impl(mp):                             # a new child's parent link points one level too high
@@ -51,7 +51,7 @@ def t1_impl(mp):                             # a new child's parent link points 
             child.parent = node.parent or node
             return child
         return a
-    wrap(mp, Trie, "append_child", append_child)
+    wrap(mp, ImplTrie, "append_child", append_child)
 
 
 def t2_spec(mp):                             # attach never walks existing children: appends a sibling
@@ -62,7 +62,7 @@ def _append_only(self, to):
     f = self.frontier
     keys = tuple(self.seq[f.end:to])
     if keys:
-        self.path.append(self.store.append_child(f, keys))
+        self.path.append(self.trie.append_child(f, keys))
     return self.frontier
 
 
@@ -96,8 +96,8 @@ def s1_spec(mp):                             # page-out's KV snapshot starts at 
             orig(self, node)
             for i, s in list(node.snaps.items()):
                 if s.kind == KV and s.start > 0 and s.lazy:
-                    self.store.release(self.store.disown(node, i))
-                    self.store.own(node, self.store.new_snap(layer=i, kind=KV, start=0, end=node.end,
+                    self.trie.release(self.trie.disown(node, i))
+                    self.trie.own(node, self.trie.new_snapshot(layer=i, kind=KV, start=0, end=node.end,
                                                              content=self.live[i][:node.end], lazy=True))
         return p
     wrap(mp, SpecCache, "page_out", page_out)
@@ -112,7 +112,7 @@ def s1_impl(mp):
 
 
 def s2_spec(mp):                             # a merge keeps the parent's (older) whole-state
-    def merge_snaps(orig):
+    def merge_snapshots(orig):
         def m(store, a, b):
             if a is not None and a.kind != KV:
                 if b is not None:
@@ -120,7 +120,7 @@ def s2_spec(mp):                             # a merge keeps the parent's (older
                 return a
             return orig(store, a, b)
         return m
-    wrap(mp, Store, "merge_snaps", merge_snaps)
+    wrap(mp, Trie, "merge_snapshots", merge_snapshots)
 
 
 def s2_impl(mp):
@@ -149,7 +149,7 @@ def s4_spec(mp):                             # a split moves the whole-state to 
                 store.own(head, store.disown(node, i))
             return head
         return sp
-    wrap(mp, Store, "split", split)
+    wrap(mp, Trie, "split", split)
 
 
 def s4_impl(mp):
@@ -161,7 +161,7 @@ def s4_impl(mp):
                     trie.own(head, i, trie.disown(node, i))
             return head
         return sp
-    wrap(mp, Trie, "split", split)
+    wrap(mp, ImplTrie, "split", split)
 
 
 # ------------------------------------------------------------------- media
@@ -179,19 +179,19 @@ def m2_spec(mp):
 
 def m2_impl(mp):
     real = ipc.schedule
-    mp.setattr(ipc, "schedule", lambda n, resume, matched, spans, interval, near_end:
-               real(n, resume, matched, [], interval, near_end))
+    mp.setattr(ipc, "schedule", lambda n, resume, matched, spans, interval, near_end, boundaries=():
+               real(n, resume, matched, [], interval, near_end, boundaries))
 
 
 # ------------------------------------------------- resume inside an edge
 def p1_spec(mp):                             # begin resumes inside an edge without splitting it
     def begin_keys(orig):
-        def b(self, keys, spans):
-            self.store.split = lambda node, at: node.parent       # the resumed node is left off the path
+        def b(self, keys, spans, boundaries=()):
+            self.trie.split = lambda node, at: node.parent       # the resumed node is left off the path
             try:
-                out = orig(self, keys, spans)
+                out = orig(self, keys, spans, boundaries)
             finally:
-                del self.store.split
+                del self.trie.split
             if len(self.path) > 1 and self.path[-1] is self.path[-2]:
                 self.path.pop()
             return out
@@ -215,17 +215,17 @@ def p2_impl(mp):
 def g1_spec(mp):                             # KV merge without the adjacency check, fed by a misplaced page-out
     s1_spec(mp)
 
-    def merge_snaps(orig):
+    def merge_snapshots(orig):
         def m(store, a, b):
             if a is None or b is None or b.kind != KV or a.end == b.start:
                 return orig(store, a, b)
-            merged = store.new_snap(layer=a.layer, kind=KV, start=a.start, end=a.end + b.end - b.start,
+            merged = store.new_snapshot(layer=a.layer, kind=KV, start=a.start, end=a.end + b.end - b.start,
                                     content=a.content + b.content, lazy=a.lazy and b.lazy)
             store.release(a)
             store.release(b)
             return merged
         return m
-    wrap(mp, Store, "merge_snaps", merge_snaps)
+    wrap(mp, Trie, "merge_snapshots", merge_snapshots)
 
 
 def g1_impl(mp):
@@ -247,7 +247,7 @@ def g2_spec(mp):                             # a merge keeps the older last-used
             orig(store, node).last_used = older
             return node
         return m
-    wrap(mp, Store, "merge_with_child", merge_with_child)
+    wrap(mp, Trie, "merge_with_child", merge_with_child)
 
 
 def g2_impl(mp):
@@ -257,7 +257,7 @@ def g2_impl(mp):
             orig(trie, node).last_used = older
             return node
         return m
-    wrap(mp, Trie, "merge_with_child", merge_with_child)
+    wrap(mp, ImplTrie, "merge_with_child", merge_with_child)
 
 
 # ---------------------------------------------------------------- eviction
@@ -295,11 +295,11 @@ def e4_spec(mp):                             # a single-child victim is dropped 
         return child
     def evict(orig):
         def e(self):
-            self.store.merge_with_child = lambda node: merge_with_child(self.store, node)
+            self.trie.merge_with_child = lambda node: merge_with_child(self.trie, node)
             try:
                 orig(self)
             finally:
-                del self.store.merge_with_child
+                del self.trie.merge_with_child
         return e
     wrap(mp, SpecCache, "evict", evict)
 
@@ -345,11 +345,11 @@ def a1_spec(mp):                             # materialised bytes never reach th
         for s in pending:
             if s.layer == i and s.lazy and s.start < q and p < s.end:
                 s.lazy = False
-    mp.setattr(Store, "materialise", materialise)
+    mp.setattr(Trie, "materialise", materialise)
 
 
 def a1_impl(mp):
-    mp.setattr(Trie, "_grew", lambda self, delta: None)
+    mp.setattr(ImplTrie, "_grew", lambda self, delta: None)
 
 
 def a2_spec(mp):                             # an evicted leaf's snapshots are never released
@@ -358,7 +358,7 @@ def a2_spec(mp):                             # an evicted leaf's snapshots are n
             store.disown(node, i)
         node.parent.children.remove(node)
         node.parent = None
-    mp.setattr(Store, "remove_leaf", remove_leaf)
+    mp.setattr(Trie, "remove_leaf", remove_leaf)
 
 
 def a2_impl(mp):                             # a whole-state merge closes the state it keeps

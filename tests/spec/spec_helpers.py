@@ -105,4 +105,4 @@ def tree(pc) -> list:
 
 
 def show(pc) -> str:
-    return "\n".join(tree(pc)) + f"\ncounter={pc.store.counter} offset={pc.offset}"
+    return "\n".join(tree(pc)) + f"\ncounter={pc.trie.counter} offset={pc.offset}"

@@ -10,7 +10,7 @@ from spec_helpers import HYBRID, KV_REC, PURE_KV, begin, finish, ok, op_rules, r
 import spec.cache
 from spec.cache import PrefixCache
 from spec.media import MediaItem
-from spec.trie import KV, MergeError, Store, walk
+from spec.trie import KV, MergeError, Trie, walk
 
 
 # ------------------------------------------------------------------ S3
@@ -82,9 +82,9 @@ def m3_trie():
     pc = PrefixCache(PURE_KV, near_end=0)
     run(pc, TOKENS, [9, 10], [IMG])
     run(pc, [5, 6, 7], [8])                                   # the frontier moves elsewhere
-    head = pc.store.split(pc.root.child_starting_with(1), 4)  # boundary strictly inside IMG [2, 6)
+    head = pc.trie.split(pc.root.child_starting_with(1), 4)  # boundary strictly inside IMG [2, 6)
     for n in reversed(list(walk(head.children[0]))):
-        pc.store.remove_leaf(n)
+        pc.trie.remove_leaf(n)
     return pc
 
 
@@ -114,7 +114,7 @@ def test_m1_bug_chunk_ends_inside_an_item_gives_broken_content(monkeypatch):
 def begin_dropping_the_resumed_node(monkeypatch):
     """The historical begin: a node resumed partway is dropped from the path
     (frontier = its parent) and keeps its stale last-used time."""
-    original, real_split, real_evict = PrefixCache.begin, Store.split, PrefixCache.evict
+    original, real_split, real_evict = PrefixCache.begin, Trie.split, PrefixCache.evict
 
     def begin(self, tokens, media=(), **kw):
         splits = []
@@ -123,18 +123,18 @@ def begin_dropping_the_resumed_node(monkeypatch):
             splits.append(real_split(store, node, at))
             return splits[-1]
 
-        monkeypatch.setattr(Store, "split", spy)
+        monkeypatch.setattr(Trie, "split", spy)
         monkeypatch.setattr(PrefixCache, "evict", lambda self: None)   # evict after the path is settled
         try:
             result = original(self, tokens, media, **kw)
         finally:
-            monkeypatch.setattr(Store, "split", real_split)
+            monkeypatch.setattr(Trie, "split", real_split)
             monkeypatch.setattr(PrefixCache, "evict", real_evict)
         head = self.frontier
         if splits and head is splits[0]:
             stale = head.children[0].last_used
             self.path.pop()
-            self.store.merge_with_child(head)                 # the node as it was, untouched
+            self.trie.merge_with_child(head)                 # the node as it was, untouched
             head.last_used = stale
         self.evict()
         return result
@@ -152,9 +152,9 @@ def attach_keeping_short_captures(monkeypatch):
             node.user = node.user or cap.user
             for i, s in sorted(cap.snaps.items()):
                 if i in node.snaps:
-                    self.store.release(s)
+                    self.trie.release(s)
                 else:
-                    self.store.own(node, s)
+                    self.trie.own(node, s)
             self.touch(node)
             self.compact()
         req.pending = []
@@ -163,16 +163,16 @@ def attach_keeping_short_captures(monkeypatch):
 
 
 def merge_snaps_without_g1(monkeypatch):
-    def merge_snaps(self, a, b):
+    def merge_snapshots(self, a, b):
         if a is None or b is None or a.kind != KV:
             return original(self, a, b)
-        merged = self.new_snap(layer=a.layer, kind=KV, start=a.start, end=b.end,
+        merged = self.new_snapshot(layer=a.layer, kind=KV, start=a.start, end=b.end,
                                content=a.content + b.content, lazy=a.lazy and b.lazy)
         self.release(a)
         self.release(b)
         return merged
-    original = Store.merge_snaps
-    monkeypatch.setattr(Store, "merge_snaps", merge_snaps)
+    original = Trie.merge_snapshots
+    monkeypatch.setattr(Trie, "merge_snapshots", merge_snapshots)
 
 
 def restore_keeping_owned_copies(monkeypatch):
@@ -186,7 +186,7 @@ def restore_keeping_owned_copies(monkeypatch):
         for i, s in owned:
             if s.lazy:
                 s.lazy = False
-                self.store.counter += s.nbytes(self.layers[i])
+                self.trie.counter += s.size(self.layers[i])
     monkeypatch.setattr(PrefixCache, "restore", restore)
 
 
@@ -273,7 +273,7 @@ def conversation(pc, turns):
         prompt = conv + [100 + t, 1, 5, 6]
         gen = [200 + t, 2, 3]
         run_unchecked(pc, prompt, gen)
-        counters.append(pc.store.counter)
+        counters.append(pc.trie.counter)
         conv = prompt + gen
     return counters
 

@@ -11,10 +11,10 @@ from spec.trie import walk
 def test_a1_counter_counts_owned_bytes_lazy_views_count_zero_until_materialised():
     pc = PrefixCache(PURE_KV, near_end=0)
     run(pc, [1, 2, 3, 4], [5, 6])
-    assert pc.store.counter == 0 and pc.frontier.snaps[0].lazy
+    assert pc.trie.counter == 0 and pc.frontier.snaps[0].lazy
     run(pc, [1, 2, 7], [8])                   # overwrites slot 2: both views of [0,5) materialise
-    assert pc.store.counter == sum(s.nbytes(pc.layers[i]) for n in walk(pc.root) for i, s in n.snaps.items())
-    assert pc.store.counter == 9              # [2,5) tail and [0,2) head, costs 2 + 1 per row
+    assert pc.trie.counter == sum(s.size(pc.layers[i]) for n in walk(pc.root) for i, s in n.snaps.items())
+    assert pc.trie.counter == 9              # [2,5) tail and [0,2) head, costs 2 + 1 per row
 
 
 def test_a2_every_snapshot_held_once_or_released_once(hybrid):
@@ -24,7 +24,7 @@ def test_a2_every_snapshot_held_once_or_released_once(hybrid):
     ok(hybrid)
     held = [s for n in walk(hybrid.root) for s in n.snaps.values()]
     assert all(not s.released for s in held)
-    assert sum(s.released for s in hybrid.store.created) == len(hybrid.store.created) - len(held)
+    assert sum(s.released for s in hybrid.trie.created) == len(hybrid.trie.created) - len(held)
 
 
 def test_c1_restore_equals_cold_prefill(hybrid):

@@ -15,7 +15,7 @@ def conversation(pc, turns):
         prompt = conv + [100 + t, 1, 5, 6]
         gen = [200 + t, 2, 3]
         run(pc, prompt, gen)
-        counters.append(pc.store.counter)
+        counters.append(pc.trie.counter)
         conv = prompt + gen
     return conv, counters
 
@@ -24,7 +24,7 @@ def test_e1_e2_long_conversation_plateaus_at_the_budget():
     pc = PrefixCache(KV_REC, budget=40, near_end=2)
     _, counters = conversation(pc, 12)
     assert counters[:4] == [20, 40, 40, 40] and max(counters) == 40
-    assert pc.store.counter <= pc.budget
+    assert pc.trie.counter <= pc.budget
     assert tree(pc) == [
         "[0,72) " + " ".join(map(str, pc.path[1].edge)) + " | 0:kv~ 1:rec | user",
         "  [72,76) 5 6 210 2 | 0:kv~ 1:rec",                # turn 11's end: a checkpoint compaction keeps (P2)
@@ -42,7 +42,7 @@ def test_e2_only_root_frontier_and_branch_points_are_protected():
     v = pc.view()
     protected = [n.keys for n in v.walk() if not e2_evictable(v, n)]
     assert protected == [n.path_keys() for n in (pc.root, branch, pc.frontier)]
-    assert all(pc.evictable(n) == e2_evictable(v, v.node(n.path_keys())) for n in pc.store.nodes())
+    assert all(pc.evictable(n) == e2_evictable(v, v.node(n.path_keys())) for n in pc.trie.nodes())
 
 
 def test_e3_least_recently_used_first():
@@ -52,7 +52,7 @@ def test_e3_least_recently_used_first():
     run(pc, [9, 9, 9], [9, 9])        # frontier, protected
     first, second = pc.root.children[:2]
     assert first.last_used < second.last_used
-    do(pc, "set_budget", pc.store.counter - 1)
+    do(pc, "set_budget", pc.trie.counter - 1)
     assert [n.edge for n in pc.root.children] == [(5, 6, 7, 8), (9, 9, 9, 9)]
 
 
@@ -61,10 +61,10 @@ def test_e3_tie_on_time_deeper_first():
     run(pc, [1, 2, 3], [4, 4])
     run(pc, [9, 9, 9], [9, 9])
     leaf = pc.root.children[0]
-    head = pc.store.split(leaf, 2)    # a split copies the time: head and tail tie on it
+    head = pc.trie.split(leaf, 2)    # a split copies the time: head and tail tie on it
     assert head.last_used == leaf.last_used
     tail_keys = leaf.path_keys()
-    before, op, after, _ = observe(pc, "set_budget", pc.store.counter - 1)
+    before, op, after, _ = observe(pc, "set_budget", pc.trie.counter - 1)
     assert op.evicted[0] == tail_keys          # the tail ends deeper
     assert check_step(before, op, after) == []
 
@@ -89,10 +89,10 @@ def test_e4_leaf_removed_single_child_merged():
         "  [2,7) 3 4 5 6 7 | 0:kv 1:rec",
         "[0,4) 9 9 9 9 | 0:kv~ 1:rec *",
     ]
-    pc.set_budget(pc.store.counter - 1)                    # the user node has one child: merged into it
+    pc.set_budget(pc.trie.counter - 1)                    # the user node has one child: merged into it
     ok(pc)
     assert tree(pc) == ["[0,7) 1 2 3 4 5 6 7 | 0:kv 1:rec", "[0,4) 9 9 9 9 | 0:kv~ 1:rec *"]
-    assert pc.store.counter == 34                          # the head's recurrent state (10) is gone
+    assert pc.trie.counter == 34                          # the head's recurrent state (10) is gone
     pc.set_budget(0)                                       # now a leaf: removed
     ok(pc)
     assert tree(pc) == ["[0,4) 9 9 9 9 | 0:kv~ 1:rec *"]

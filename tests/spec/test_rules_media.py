@@ -10,7 +10,7 @@ from spec_helpers import KV_REC, PURE_KV, begin, finish, ok, op_rules, rules, tr
 from spec.cache import PrefixCache
 from spec.media import FOLD_BIT, MediaItem
 from spec.rules import c1_cold_equivalence
-from spec.trie import Store, walk
+from spec.trie import Trie, walk
 
 IMG = MediaItem(pos=2, length=4, data=b"img")
 TOKENS = [1, 2, 0, 0, 0, 0, 7, 8]
@@ -57,9 +57,9 @@ def test_m3_match_ending_inside_an_item_resumes_at_its_start():
     begin(pc, [5, 6, 7], [])
     finish(pc, [5, 6, 7], [8])                               # the frontier moves elsewhere
     node = pc.root.child_starting_with(1)
-    head = pc.store.split(node, 4)                           # a boundary strictly inside IMG [2, 6)
+    head = pc.trie.split(node, 4)                           # a boundary strictly inside IMG [2, 6)
     for n in reversed(list(walk(head.children[0]))):
-        pc.store.remove_leaf(n)
+        pc.trie.remove_leaf(n)
     tokens = [1, 2, 0, 0, 0, 0, 3, 4]                        # the same item, another tail
     assert op_rules(pc, "begin", tokens, media=[IMG]) == {"M2"}   # only the legacy node inside IMG
     assert pc.request.resume == 2                            # match 4 is inside IMG: back to its start
@@ -83,13 +83,13 @@ def test_s1_clip_is_reached_when_a_fold_ignores_run_length(monkeypatch):
     longer run of the same bytes; the next capture spans that boundary and is clipped to its node
     (the stateful tests reach it the same way, with bytes-only media items)."""
     clipped = []
-    real = Store.split_snap
+    real = Trie.split_snapshot
 
     def spy(store, snap, at):
         if inspect.stack()[1].function == "attach":
             clipped.append((snap.start, at, snap.end))
         return real(store, snap, at)
-    monkeypatch.setattr(Store, "split_snap", spy)
+    monkeypatch.setattr(Trie, "split_snapshot", spy)
     fold = FOLD_BIT | 5                                     # the same key for runs of any length
     pc = PrefixCache(PURE_KV[:1], near_end=2, chunk=8)
     for keys, spans in (((1, fold, fold, 2), [(1, 3)]), ((1, fold, fold, fold, fold, 2, 3), [(1, 5)])):

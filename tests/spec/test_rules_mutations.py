@@ -14,7 +14,7 @@ from spec.cache import PrefixCache
 from spec.media import MediaItem
 from spec.rules import check_step
 from spec.view import Op
-from spec.trie import KV, Broken, MergeError, Node, Store
+from spec.trie import KV, Broken, MergeError, Node, Trie
 
 
 def idle_hybrid():
@@ -48,16 +48,16 @@ def mut_s2(pc):
 
 
 def mut_s3(pc):
-    s = pc.store.disown(pc.frontier, 3)
-    pc.store.release(s)
+    s = pc.trie.disown(pc.frontier, 3)
+    pc.trie.release(s)
 
 
 def mut_a1(pc):
-    pc.store.counter += 1
+    pc.trie.counter += 1
 
 
 def mut_a2_leak(pc):
-    pc.store.new_snap(layer=0, kind=KV, start=0, end=0, content=())
+    pc.trie.new_snapshot(layer=0, kind=KV, start=0, end=0, content=())
 
 
 def mut_a2_twice(pc):
@@ -71,7 +71,7 @@ def mut_c1(pc):
 def mut_p2(pc):
     # an uncompacted non-user single-child node on the active path
     f = pc.frontier
-    head = pc.store.split(f, f.start + 1)
+    head = pc.trie.split(f, f.start + 1)
     pc.path.insert(len(pc.path) - 1, head)
     head.user = False
 
@@ -100,7 +100,7 @@ def old_compact(self):
         n = self.path[i]
         if not n.user and len(n.children) == 1:
             self.path.remove(n.children[0])
-            self.store.merge_with_child(n)
+            self.trie.merge_with_child(n)
         else:
             i += 1
 
@@ -184,10 +184,10 @@ def test_s4_head_with_whole_state_is_flagged():
     run(pc, list(range(1, 9)), [9, 10])
     before = pc.view()
     tail = pc.frontier
-    head = pc.store.split(tail, 6)
+    head = pc.trie.split(tail, 6)
     assert ops(before, "split", pc.view()) == set()
-    stolen = pc.store.disown(tail, 1)
-    pc.store.own(head, stolen)                 # the whole-state moved to the head
+    stolen = pc.trie.disown(tail, 1)
+    pc.trie.own(head, stolen)                 # the whole-state moved to the head
     assert "S4" in ops(before, "split", pc.view())
 
 
@@ -197,12 +197,12 @@ def test_g1_non_adjacent_merge_raises():
     node = pc.root.children[0]
     node.children[0].snaps[0].start += 1       # the child's KV no longer begins where the parent's ends
     with pytest.raises(MergeError, match="G1"):
-        pc.store.merge_with_child(node)
+        pc.trie.merge_with_child(node)
 
 
 def test_g1_silent_concatenation_is_flagged(monkeypatch):
     def silent(store, a, b):                   # the variant: concatenate without the adjacency check
-        merged = store.new_snap(layer=a.layer, kind=KV, start=a.start, end=a.end + b.end - b.start,
+        merged = store.new_snapshot(layer=a.layer, kind=KV, start=a.start, end=a.end + b.end - b.start,
                                 content=a.content + b.content)
         store.release(a)
         store.release(b)
@@ -212,8 +212,8 @@ def test_g1_silent_concatenation_is_flagged(monkeypatch):
     node = pc.root.children[0]
     node.children[0].snaps[0].start += 1       # the child's KV no longer begins where the parent's ends
     before = pc.view()
-    monkeypatch.setattr(Store, "merge_snaps", silent)
-    pc.store.merge_with_child(node)
+    monkeypatch.setattr(Trie, "merge_snapshots", silent)
+    pc.trie.merge_with_child(node)
     assert "G1" in ops(before, "merge", pc.view())
 
 
@@ -222,7 +222,7 @@ def test_g2_merge_keeping_the_older_last_used_is_flagged():
     run(pc, list(range(1, 9)), [9, 10])
     node = pc.root.children[0]
     before = pc.view()
-    pc.store.merge_with_child(node)
+    pc.trie.merge_with_child(node)
     assert ops(before, "merge", pc.view()) == set()
     node.last_used = 0                         # the variant: the older time survives
     assert ops(before, "merge", pc.view()) == {"G2"}
@@ -234,7 +234,7 @@ def test_e3_most_recently_used_victim_is_flagged(monkeypatch):
     run(pc, [5, 6, 7], [8, 8])
     run(pc, [9, 9, 9], [9, 9])
     monkeypatch.setattr(PrefixCache, "evict_order", lambda self, n: (-n.last_used,))   # MRU first
-    before, op, after, _ = observe(pc, "set_budget", pc.store.counter - 1)
+    before, op, after, _ = observe(pc, "set_budget", pc.trie.counter - 1)
     assert {v.rule for v in check_step(before, op, after)} == {"E3"}
     assert {v.rule for v in check_step(before, Op("set_budget", (op.args)), after)} == {"E3"}   # victims inferred
 
@@ -250,14 +250,14 @@ def test_e2_protecting_the_active_path_is_flagged(monkeypatch):
 
 def test_e4_evicting_a_single_child_node_by_splicing_is_flagged(monkeypatch):
     def splice(self):                          # the variant: drop the node, re-hang its child unchanged
-        while self.store.counter > self.budget:
-            v = min((n for n in self.store.nodes() if self.evictable(n)), key=self.evict_order)
+        while self.trie.counter > self.budget:
+            v = min((n for n in self.trie.nodes() if self.evictable(n)), key=self.evict_order)
             if not v.children:
-                self.store.remove_leaf(v)
+                self.trie.remove_leaf(v)
                 continue
             child = v.children[0]
             for i in sorted(v.snaps):
-                self.store.release(self.store.disown(v, i))
+                self.trie.release(self.trie.disown(v, i))
             v.parent.children[v.parent.children.index(v)] = child
             child.parent = v.parent
             if v in self.path:
@@ -267,7 +267,7 @@ def test_e4_evicting_a_single_child_node_by_splicing_is_flagged(monkeypatch):
     run(pc, [1, 2, 3, 4, 5, 6], [7, 7])
     run(pc, [9, 9, 9], [9, 9])
     monkeypatch.setattr(PrefixCache, "evict", splice)
-    pc.set_budget(pc.store.counter - 1)
+    pc.set_budget(pc.trie.counter - 1)
     assert "T1" in rules(pc)
 
 

@@ -60,14 +60,14 @@ def test_p2_following_the_edge_again_merges_the_halves_back():
 
 def test_g1_non_adjacent_kv_snapshots_refuse_to_merge():
     pc = stored()
-    store = pc.store
-    a = store.new_snap(layer=0, kind=KV, start=0, end=4, content=(1, 2, 3, 4))
-    b = store.new_snap(layer=0, kind=KV, start=6, end=9, content=(7, 8, 9))
+    store = pc.trie
+    a = store.new_snapshot(layer=0, kind=KV, start=0, end=4, content=(1, 2, 3, 4))
+    b = store.new_snapshot(layer=0, kind=KV, start=6, end=9, content=(7, 8, 9))
     assert a.end != b.start
     with pytest.raises(MergeError, match="G1"):
-        store.merge_snaps(a, b)
-    c = store.new_snap(layer=0, kind=KV, start=4, end=6, content=(5, 6))
-    assert store.merge_snaps(a, c).content == (1, 2, 3, 4, 5, 6)
+        store.merge_snapshots(a, b)
+    c = store.new_snapshot(layer=0, kind=KV, start=4, end=6, content=(5, 6))
+    assert store.merge_snapshots(a, c).content == (1, 2, 3, 4, 5, 6)
 
 
 def test_g2_merge_with_child():
@@ -77,7 +77,7 @@ def test_g2_merge_with_child():
     child = node.children[0]
     whole = {i: s for i, s in child.snaps.items() if s.kind != KV}
     before = pc.view()
-    pc.store.merge_with_child(node)
+    pc.trie.merge_with_child(node)
     assert check_step(before, Op("merge"), pc.view()) == []
     assert node.snaps[0].lazy and (node.snaps[0].start, node.snaps[0].end) == (0, 12)   # two views: no copy
     assert all(node.snaps[i] is s for i, s in whole.items())                           # child's whole-state
@@ -92,5 +92,5 @@ def test_g2_whole_state_survives_a_parent_without_one():
     begin(pc, [1, 2, 3, 4, 30])
     head = pc.frontier
     tail_state = head.children[0].snaps[1]
-    pc.store.merge_with_child(head)
+    pc.trie.merge_with_child(head)
     assert head.snaps[1] is tail_state and head.end == 6

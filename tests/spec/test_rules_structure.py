@@ -14,7 +14,7 @@ def test_t1_offsets_chain_through_a_split(hybrid):
         "[0,6) 1 2 3 4 5 6 | 0:kv~ 1:win 3:rec | user",
         "  [6,12) 7 8 9 10 11 12 | 0:kv~ 1:win 3:rec *",
     ]
-    assert hybrid.store.counter == 56          # 2 * (6 + 6) windowed rows + 2 * 10 recurrent, KV lazy
+    assert hybrid.trie.counter == 56          # 2 * (6 + 6) windowed rows + 2 * 10 recurrent, KV lazy
     assert run(hybrid, [1, 2, 3, 4, 5, 20], [21, 22]) == (5, 0)
     assert tree(hybrid) == [
         "[0,2) 1 2 | 0:kv 1:win 3:rec | user",
@@ -75,7 +75,7 @@ def test_s1_kv_snapshots_cover_exactly_their_edges():
         "    [6,9) 7 8 9 | 0:kv 1:kv",
         "    [6,7) 30 | 0:kv~ 1:kv~ *",
     ]
-    assert pc.store.counter == 9             # the tail [6,9) materialised before slot 6 was overwritten
+    assert pc.trie.counter == 9             # the tail [6,9) materialised before slot 6 was overwritten
 
 
 def test_s2_whole_state_at_node_end_and_capture_at_match():
