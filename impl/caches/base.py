@@ -3,7 +3,9 @@
 A layer cache holds one model layer's attention or recurrent state for the live token stream; a
 snapshot is that state paged out of it. This module defines the errors, the snapshot base class, the
 abstract layer cache and the process-wide live-snapshot counter. The concrete kinds live in kv.py
-(sliceable), windowed.py and recurrent.py (whole-state).
+(sliceable), windowed.py, recurrent.py and chunked.py (whole-state), composite.py (mlx-lm's
+CacheList: sliceable when every part is) and quantized.py (to_quantized; no snapshots); docs/caches.md maps each mlx-lm
+cache class to ours.
 
 Invariants kept here (REFERENCE.md rule ids):
 - A2: every snapshot is created exactly once and released exactly once (``release()``, the spec's
