@@ -167,9 +167,10 @@ class ConformanceMachine(DecisionJudges, RuleChecks, ToolingChecks, RuleBasedSta
             f"{[k for k, j in zip(want, keys) if k != j][:3]}, impl {[j for k, j in zip(want, keys) if k != j][:3]}"
         evictions = self.sp.evictions
         self.ip.check = self.IMPL_CHECK and not any(isinstance(it, BytesOnlyItem) for it in items)
-        with self.operation("begin", keys, tuple(spans)) as op:
-            a = op["spec"] = self.sp.begin(list(tokens), list(items))
-            b = op["impl"] = self.ip.begin(keys, spans)
+        marks = tuple(t for t in turns if 0 < t <= len(base))     # earlier turns' ends: message boundaries (§2.2)
+        with self.operation("begin", keys, tuple(spans), marks) as op:
+            a = op["spec"] = self.sp.begin(list(tokens), list(items), boundaries=marks)
+            b = op["impl"] = self.ip.begin(keys, spans, marks)
         inside = lambda x: any(p < x < e for p, e in spans)
         assert a == b, f"conformance mismatch in begin (matched, resume): spec {a}, impl {b}" + (
             " (M3: impl's match or resume is strictly inside a non-causal item)" if any(map(inside, b)) else "")
