@@ -8,14 +8,17 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import _merge_caches
 
-from impl.caches import CacheError, KVCache, RecurrentCache, WindowedCache, live_snapshots
+from impl.caches import (ChunkedCache, CacheError, KVCache, KVListCache, RecurrentCache, StateListCache,
+                         WindowedCache, live_snapshots)
 
 
 def _caches():
-    return [KVCache(layer=0), WindowedCache(4, layer=1), RecurrentCache(2, layer=2)]
+    return [KVCache(layer=0), WindowedCache(4, layer=1), RecurrentCache(2, layer=2), ChunkedCache(8, layer=3),
+            KVListCache(KVCache(layer=4), KVCache(layer=4), layer=4),
+            StateListCache(RecurrentCache(2, layer=5), KVCache(layer=5), layer=5)]
 
 
-@pytest.mark.parametrize("cache", _caches(), ids=lambda c: c.kind)
+@pytest.mark.parametrize("cache", _caches(), ids=lambda c: type(c).__name__)
 def test_no_cache_passes_mlx_lm_batchability_test(cache):
     assert not hasattr(cache, "merge")
     assert callable(cache.merge_snapshots)
