@@ -104,7 +104,7 @@ class Snapshot:
         if not getattr(self, "_part", False):
             _live -= 1
 
-    def _adopt(self) -> None:
+    def _become_part(self) -> None:
         """This snapshot becomes a part of a composite snapshot (composite.py): from now on the
         composite is what counts in ``live_snapshots()``, and releasing the composite releases it."""
         global _live

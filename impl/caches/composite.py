@@ -40,7 +40,7 @@ class PartsSnapshot(Snapshot):
         self.parts = parts
         for p in parts:
             if p is not None:
-                p._adopt()                 # A2: the composite is the one snapshot counted
+                p._become_part()           # A2: the composite is the one snapshot counted
                 p.on_materialise = self._part_grew
 
     def _part_grew(self, delta: int) -> None:
