@@ -127,7 +127,7 @@ OVERRIDES: dict[str, dict] = {
     "longcat_flash": {"mla_scale_q_lora": True, "mla_scale_kv_lora": True, "zero_expert_type": "identity"},
     "longcat_flash_ngram": {"mla_scale_q_lora": True, "mla_scale_kv_lora": True,
                             "zero_expert_type": "identity"},
-    "gemma4_text": {"sliding_window_pattern": 2},
+    "gemma4_text": {"sliding_window_pattern": 2, "num_hidden_layers": 4, "num_kv_shared_layers": 2},
     "qwen3": {"rope_theta": 10000.0},
     "recurrent_gemma": {"block_types": ["recurrent", "attention"], "lru_width": 32, "logits_soft_cap": 30.0},
     "llama4_text": {"no_rope_layers": [1, 0], "interleave_moe_layer_step": 2},
