@@ -200,6 +200,10 @@ def markdown(res: dict, bks: list, command: str, started, elapsed: float) -> str
         f"growing by up to {res['turn_bytes']} B per turn; it never evicts the conversation's own checkpoints.",
         f"- Both policies generated the same tokens every turn: {res['same_tokens']}.",
         "",
+    ]
+    if not bks:
+        return "\n".join(lines)
+    lines += [
         "## Trie bookkeeping per request on a ~1,000-token conversation",
         "",
         "A conversation with a system prompt and short questions, grown until the "
