@@ -44,7 +44,7 @@ def _chunk_end(q: int, spans) -> int:
 
 
 def schedule(n: int, resume: int, matched: int, spans, interval: int, near_end: int, boundaries=()) -> list:
-    """Capture offsets (offset, user) for a prompt of n keys; see spec.cache.schedule."""
+    """Capture offsets (offset, user) for a prompt of n keys; see spec.plan.schedule."""
     wanted = {}
     if resume < matched:
         wanted[matched] = False

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import impl.prefix_cache as ipc
-import spec.cache as scache
+import spec.plan as splan
 from impl.caches.base import WholeStateCache
 from impl.caches.kv import KVCache
 from impl.trie import Trie as ImplTrie
@@ -166,7 +166,7 @@ def s4_impl(mp):
 
 # ------------------------------------------------------------------- media
 def m1_spec(mp):
-    mp.setattr(scache, "extend_chunk", lambda end, spans: end)
+    mp.setattr(splan, "extend_chunk", lambda end, spans: end)
 
 
 def m1_impl(mp):
@@ -174,7 +174,7 @@ def m1_impl(mp):
 
 
 def m2_spec(mp):
-    mp.setattr(scache, "capture_ceiling", lambda x, spans: x)
+    mp.setattr(splan, "capture_ceiling", lambda x, spans: x)
 
 
 def m2_impl(mp):

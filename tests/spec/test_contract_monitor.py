@@ -6,7 +6,7 @@ guarantee would hide a real bug; one weaker than they guarantee lets CrossHair
 report counterexamples no request can produce (as it did: `schedule(3, 0, 1,
 [(0, 2)], 0, 3)`, a branch point strictly inside a non-causal span, which
 `begin` never passes because it floors the match first, M3). This test wraps
-each contracted function of spec.cache and spec.media, runs random request
+each contracted function of spec.plan and spec.media, runs random request
 sequences through the spec (the driver of test_spec_properties), and asserts
 every call met every `pre:` line.
 """
@@ -18,10 +18,11 @@ import inspect
 import pytest
 
 import spec.cache
+import spec.plan
 import spec.media
 from test_spec_properties import test_no_rule_ever_fires
 
-MONITORED = [(spec.cache, "schedule"), (spec.cache, "next_chunk_end"), (spec.media, "resume_floor"),
+MONITORED = [(spec.plan, "schedule"), (spec.plan, "next_chunk_end"), (spec.media, "resume_floor"),
              (spec.media, "capture_ceiling"), (spec.media, "extend_chunk")]
 
 
@@ -38,9 +39,9 @@ def unmet(func, args, kwargs) -> list[str]:
 
 
 def test_crosshair_counterexample_is_outside_schedules_precondition():
-    assert unmet(spec.cache.schedule, (3, 0, 1, [(0, 2)], 0, 3), {}) == [
+    assert unmet(spec.plan.schedule, (3, 0, 1, [(0, 2)], 0, 3), {}) == [
         "not any(p < matched < e for (p, e) in spans)"]
-    assert unmet(spec.cache.schedule, (3, 0, 0, [(0, 2)], 0, 3), {}) == []
+    assert unmet(spec.plan.schedule, (3, 0, 0, [(0, 2)], 0, 3), {}) == []
 
 
 @pytest.fixture
@@ -56,7 +57,7 @@ def monitored(monkeypatch):
             if missing:
                 bad.append((_original.__name__, args, kwargs, missing))
             return _original(*args, **kwargs)
-        for mod in (spec.cache, spec.media):          # the function and every module that imported it
+        for mod in (spec.plan, spec.cache, spec.media):          # the function and every module that imported it
             if getattr(mod, name, None) is original:
                 monkeypatch.setattr(mod, name, wrapper)
     return calls, bad

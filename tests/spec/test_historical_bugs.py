@@ -8,6 +8,7 @@ import pytest
 from spec_helpers import HYBRID, KV_REC, PURE_KV, begin, finish, ok, op_rules, rules, run, tree
 
 import spec.cache
+import spec.plan
 from spec.cache import PrefixCache
 from spec.media import MediaItem
 from spec.trie import KV, MergeError, Trie, walk
@@ -61,7 +62,7 @@ def identity(x, spans):
 
 
 def test_m2_bug_capture_inside_an_item(monkeypatch):
-    monkeypatch.setattr(spec.cache, "capture_ceiling", identity)
+    monkeypatch.setattr(spec.plan, "capture_ceiling", identity)
     pc = PrefixCache(PURE_KV, near_end=3)
     pc.begin(TOKENS, [IMG])
     assert pc.request.schedule == [(5, True)]
@@ -69,7 +70,7 @@ def test_m2_bug_capture_inside_an_item(monkeypatch):
 
 
 def test_m2_bug_whole_state_capture_inside_a_forward_is_refused(monkeypatch):
-    monkeypatch.setattr(spec.cache, "capture_ceiling", identity)
+    monkeypatch.setattr(spec.plan, "capture_ceiling", identity)
     pc = PrefixCache(KV_REC, near_end=3)
     pc.begin(TOKENS, [IMG])
     with pytest.raises(AssertionError, match="whole-state capture at 5 inside forward"):
@@ -102,7 +103,7 @@ def test_m3_bug_match_inside_an_item_not_moved_to_its_start(monkeypatch):
 
 
 def test_m1_bug_chunk_ends_inside_an_item_gives_broken_content(monkeypatch):
-    monkeypatch.setattr(spec.cache, "extend_chunk", identity)
+    monkeypatch.setattr(spec.plan, "extend_chunk", identity)
     pc = PrefixCache(PURE_KV, chunk=3, near_end=0)
     pc.begin(TOKENS, [IMG])
     pc.prefill()
