@@ -1,5 +1,5 @@
 """Conformance state machines: impl's PrefixCache, driven on tracer caches,
-against spec's PrefixCache, one operation at a time (issue 6).
+against spec's PrefixCache, one operation at a time.
 
 Every rule performs the same operations on both sides, each through
 `ConformanceMachine.operation`, the one place where the views before and

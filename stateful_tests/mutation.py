@@ -1,5 +1,5 @@
 """Mutation testing of impl's trie and prefix cache against the conformance
-machines (issue 6), with a report and a check that every surviving mutant is
+machines, with a report and a check that every surviving mutant is
 explained.
 
     ./dev mutation [--max-children N] [--fresh] [--report DIR] [mutant-glob ...]
