@@ -16,20 +16,18 @@ Invariants kept here (REFERENCE rule ids; checked after every operation when
   M3  the resume offset is never strictly inside one.
   P1  a resume strictly inside an edge splits the node at the live offset;
       the head becomes the frontier and is touched.
-  P2  compaction merges a non-user single-child node of the active path
-      (other than root and frontier) into its child only when it holds no
-      whole-state snapshot: a whole-state checkpoint leaves only by eviction.
-  E1  after eviction paged-out bytes <= budget unless all nodes are protected.
-  E2  only root, frontier and branch points are protected.
-  E3  least recently used first; ties deeper, larger, then key path.
-  E4  a leaf is removed; a node with one child merges into it.
+  P2  compaction merges a non-user single-child path node (not root or frontier)
+      holding no whole-state snapshot; a checkpoint leaves only by eviction.
+  E1-E4  eviction: bytes <= budget unless all is protected; only root, frontier
+      and branch points are; LRU first (ties deeper, larger, key path); a
+      leaf is removed, a one-child node merged into its child.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from impl import invariants
+from impl import dump, invariants
 from impl.trie import Node, Trie, common_prefix, match, walk
 
 
@@ -355,8 +353,7 @@ class PrefixCache:
         return n is not self.root and n is not self.frontier and len(n.children) < 2
 
     def evict_order(self, n: Node) -> tuple:
-        """E3: least recently used first; ties deeper first, then larger first.
-        (_victim breaks the remaining ties by key path, computed only then.)"""
+        """E3: LRU first; ties deeper, then larger (_victim breaks the rest by key path)."""
         return (n.last_used, -n.end, -n.bytes())
 
     def _victim(self) -> Node | None:
@@ -395,10 +392,8 @@ class PrefixCache:
     # ------------------------------------------------------------ dumps
     def dump(self) -> str:
         """A readable tree: offsets, token count, bytes, flags, age (impl/dump.py)."""
-        from impl.dump import text
-        return text(self)
+        return dump.text(self)
 
     def dump_json(self) -> dict:
-        """The trie as JSON, for GET /trie (impl/dump.py)."""
-        from impl.dump import as_json
-        return as_json(self)
+        """The trie as JSON, for the server's trie endpoint (impl/dump.py)."""
+        return dump.as_json(self)
