@@ -306,7 +306,8 @@ class Runner:
         evictions = pc.evictions
         mx.reset_peak_memory()
         try:
-            r = eng.generate(list(tokens), max_tokens=int(op["max_tokens"]), media=media, cancel=cancel)
+            r = eng.generate(list(tokens), max_tokens=int(op["max_tokens"]), media=media, cancel=cancel,
+                             boundaries=[b for b in op.get("boundaries", ()) if b < len(tokens)] or None)
         except AssertionError as e:
             raise Failure(_rule_sig(str(e)), str(e)) from e
         except Exception as e:

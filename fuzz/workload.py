@@ -223,6 +223,16 @@ class Workload:
         msgs = ([{"role": "system", "content": conv.system}] if conv.system else []) + \
                [{"role": r, "content": c} for r, c in conv.messages]
         text = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        tokens, media = self._encode(text, conv)
+        self.boundaries = []                           # where each message ends (REFERENCE section 2 step 2)
+        for k in range(1, len(msgs) + 1):
+            head, _ = self._encode(self.tok.apply_chat_template(msgs[:k], add_generation_prompt=False,
+                                                                tokenize=False), conv)
+            if 0 < len(head) < len(tokens) and head == tokens[:len(head)]:
+                self.boundaries.append(len(head))
+        return tokens, media
+
+    def _encode(self, text: str, conv: Conversation) -> tuple[list, list]:
         tokens, media = [], []
         pos = 0
         for m in MEDIA_MARK.finditer(text):
@@ -235,14 +245,17 @@ class Workload:
         return tokens, media
 
     # ------------------------------------------------------------ ops
-    def _gen(self, tokens, media, kind: str, max_tokens: int | None = None, conv: int | None = None) -> dict:
+    def _gen(self, tokens, media, kind: str, max_tokens: int | None = None, conv: int | None = None,
+             marks=()) -> dict:
         if max_tokens is None:
             max_tokens = self.rng.choice(self.profile.max_tokens)
             if self.rng.random() < 0.03:
                 max_tokens = 0
         cancel = self.rng.randint(0, 3) if self.rng.random() < 0.1 else None
+        marks = sorted(set(b for b in marks if b < len(tokens)))
         return {"op": "generate", "tokens": list(map(int, tokens)), "media": [media_to_json(m) for m in media],
-                "max_tokens": int(max_tokens), "cancel_after": cancel, "kind": kind, "_conv": conv}
+                "boundaries": marks, "max_tokens": int(max_tokens), "cancel_after": cancel, "kind": kind,
+                "_conv": conv}
 
     def _new_conv(self) -> int:
         self.convs.append(Conversation(self.rng.choice(SYSTEM_PROMPTS)))
@@ -262,7 +275,7 @@ class Workload:
             tokens, media = self.render(self.convs[ci])
             kind = "new_conv"
         self.cur = ci
-        return self._gen(tokens, media, kind, conv=ci)
+        return self._gen(tokens, media, kind, conv=ci, marks=self.boundaries)
 
     def next_op(self, counter: int) -> dict:
         """The next operation; `counter` is the engine's paged-out byte count (for squeezes)."""
@@ -286,7 +299,8 @@ class Workload:
             return self._turn(ci, self._question(), "switch")
         if kind == "regen" and self.history:
             h = self.history[-1]
-            return self._gen(h["tokens"], [media_from_json(m) for m in h["media"]], "regen", conv=h["_conv"])
+            return self._gen(h["tokens"], [media_from_json(m) for m in h["media"]], "regen", conv=h["_conv"],
+                             marks=h.get("boundaries", ()))
         if kind == "edit":
             conv = self.convs[self.cur]
             users = [i for i, (r, _) in enumerate(conv.messages) if r == "user"]
@@ -303,7 +317,7 @@ class Workload:
                 self.convs.append(Conversation(old.system, list(old.messages[:i + 1]), list(old.media)))
                 self.cur = len(self.convs) - 1
                 tokens, media = self.render(self.convs[self.cur])
-                return self._gen(tokens, media, "rewind", conv=self.cur)
+                return self._gen(tokens, media, "rewind", conv=self.cur, marks=self.boundaries)
         if kind == "prefix":
             cands = [h for h in self.history if len(h["produced"]) >= 2]
             if cands:
