@@ -173,7 +173,8 @@ class KVListCache(_ListMixin, LayerCache, mlx_cache.CacheList):
             return False
         parts = [None] * len(self.caches) if snap is None else snap.parts
         for c, p in zip(self.caches, parts):
-            assert c.restore(p, target)
+            if not c.restore(p, target):        # can_restore said yes for every part
+                raise CacheError(f"layer {self.layer}: part {type(c).__name__} refused a restore to {target}")
         self.offset = target
         return True
 
@@ -258,7 +259,8 @@ class StateListCache(_ListMixin, WholeStateCache, mlx_cache.CacheList):
                 self.offset = 0
             return True
         for c, p in zip(self.caches, snap.parts):
-            assert c.restore(p, target)
+            if not c.restore(p, target):        # can_restore said yes for every part
+                raise CacheError(f"layer {self.layer}: part {type(c).__name__} refused a restore to {target}")
         self.offset = target
         return True
 
