@@ -6,11 +6,10 @@ Every rule performs the same operations on both sides, each through
 after an operation are taken and the operation rules judge them:
 
     spec                                  impl (on stateful_tests.tracer caches)
-    begin(tokens, media)                  begin(prompt_keys(tokens, media), spans(media))  (impl.media)
+    begin(tokens, media, boundaries)      begin(keys_of(tokens, media), noncausal_spans(media), boundaries)
     prefill(max_chunks=1)                 next_chunk(chunk) -> forward -> evaluated(keys) [-> prefilled()]
-    step(key)                             forward [key] -> evaluated([key])
-    close()                               close()        (mid-prefill: a cancellation)
-    set_budget(b)                         set_budget(b)
+    step(key)  (= evaluated((key,)))      forward [key] -> evaluated([key])
+    close(), set_budget(b)                close() (mid-prefill: a cancellation), set_budget(b)
 
 After every rule the one invariant, `checks`, runs the checks of CHECKS in
 that order (the order is ours, not Hypothesis's): C1 on both sides, impl's
