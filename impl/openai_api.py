@@ -78,8 +78,7 @@ def handle(h) -> None:
         if getattr(h, "_headers_sent", False):
             h._write_event({"error": {"message": str(e), "type": "server_error", "code": None}})
             return
-        from impl.server import status_of
-        return error(h, *status_of(e))
+        return error(h, *h.status_of(e))
     reason = "length" if result.get("done_reason") == "length" else "stop"
     x = dict(result.get("stats") or {})
     if req["stream"]:

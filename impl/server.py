@@ -29,7 +29,7 @@ from http.server import ThreadingHTTPServer
 from typing import Optional, Sequence
 from urllib.parse import parse_qs, urlparse
 
-from impl import ollama_api as api
+from impl import ollama_api as api, openai_api
 from impl.client import RunnerError, RunnerRequestError
 from impl.httpio import MAX_BODY_BYTES, BadRequest, JSONHandler, is_loopback
 from impl.scheduler import Scheduler, SchedulerError
@@ -110,6 +110,7 @@ def status_of(exc: BaseException) -> tuple[int, str]:
 
 
 class ServerHandler(JSONHandler):
+    status_of = staticmethod(status_of)     # the one mapping of exceptions to answers (impl/openai_api.py too)
     server_version = "impl-server/0.1"
     protocol_version = "HTTP/1.0"
     app: ServerState
@@ -177,7 +178,6 @@ class ServerHandler(JSONHandler):
             elif url.path == "/x/trie":
                 self._trie(q)
             elif url.path == "/v1/models":
-                from impl import openai_api
                 self._send_json(200, openai_api.models(self._tags()))
             else:
                 raise BadRequest(f"no such endpoint: GET {url.path}", 404)
@@ -206,7 +206,6 @@ class ServerHandler(JSONHandler):
                 model = self._model_field(self._json_body(), known=False)
                 self._send_json(200, {"model": model, "unloaded": self.app.scheduler.unload(model)})
             elif path == "/v1/chat/completions":
-                from impl import openai_api
                 openai_api.handle(self)
             else:
                 raise BadRequest(f"no such endpoint: POST {path}", 404)
