@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from impl import dump, invariants
+from impl.caches.evaluation import deferred_eval
 from impl.trie import Node, Trie, common_prefix, match, walk
 
 
@@ -157,7 +158,8 @@ class PrefixCache:
         path = [n for n in walked if n.start < matched or n is self.root]
         common = min(common_prefix(self.seq, keys), self.offset)
         resume = self._resume(path, matched, common, spans)
-        self._restore(path, resume, common)
+        with deferred_eval():                                # one MLX evaluation for the page-in
+            self._restore(path, resume, common)
         self.seq = list(keys[:resume])
         self.path = self._split_at_live(path, resume)
         self.touch(self.frontier)
@@ -328,9 +330,9 @@ class PrefixCache:
         self.touch(self.frontier)
         req, self.request = self.request, None
         self._evict()
-        for c in self.caches:
-            if c is not None and c.kind == "kv":
-                c.fit()                                      # no growth slack held at rest (impl/caches/kv.py)
+        with deferred_eval():                                # no growth slack held at rest (kv.py)
+            for c in (c for c in self.caches if c is not None and c.kind == "kv"):
+                c.fit()
         req.stats.evictions = self.evictions - req.evictions_before
         self.bookkeeping_s += time.perf_counter() - t0
         self._checked("close", before)
@@ -361,7 +363,8 @@ class PrefixCache:
         if not keyed:
             return None
         best = min(k for k, _ in keyed)
-        return min((n for k, n in keyed if k == best), key=Node.path_keys)
+        tied = [n for k, n in keyed if k == best]
+        return tied[0] if len(tied) == 1 else min(tied, key=Node.path_keys)
 
     def _evict(self) -> None:
         while self.trie.counter > self.budget:

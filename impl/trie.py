@@ -55,7 +55,12 @@ class Node:
 
 
 def common_prefix(a, b) -> int:
+    """Length of the longest common prefix; whole blocks are compared as slices first (long prompts)."""
     n, limit = 0, min(len(a), len(b))
+    a, b = tuple(a), tuple(b)
+    step = 256
+    while n + step <= limit and a[n:n + step] == b[n:n + step]:
+        n += step
     while n < limit and a[n] == b[n]:
         n += 1
     return n

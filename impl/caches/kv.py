@@ -32,6 +32,7 @@ from mlx_lm.models.cache import create_attention_mask
 
 from .base import CacheError, LayerCache, MergeError, Snapshot
 from .captures import CaptureSchedule
+from .evaluation import evaluate
 from .masks import span_mask, spans_touching
 
 
@@ -70,15 +71,17 @@ class KVSnapshot(Snapshot):
         k, v = (self._cache.keys, self._cache.values) if self._cache is not None else (self.keys, self.values)
         return _geometry(k, v)
 
-    def _materialise(self) -> None:
+    def _materialise(self, now: bool = True) -> None:
         """Copy the range out of the issuer's buffer; the hook hears +size (it stays installed: a restore
-        that makes this a view again reports -size through it, KVCache._adopt)."""
+        that makes this a view again reports -size through it, KVCache._adopt). ``now=False``: the caller
+        evaluates the copies (one evaluation for several views) before the buffer is written."""
         c = self._cache
         if c is None:
             return
         self.keys = _copy_rows(c.keys, self.start, self.end)
         self.values = _copy_rows(c.values, self.start, self.end)
-        mx.eval(self.keys, self.values)
+        if now:
+            evaluate(self.keys, self.values)
         c._views.discard(self)
         self._cache = None
         if self.on_materialise is not None:
@@ -191,14 +194,20 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         """Materialise every outstanding view overlapping slots [p, q)."""
         if not self._views or p >= self._views_max_end:
             return
-        for s in [s for s in self._views if s.start < q and s.end > p]:
-            s._materialise()
+        self._materialise_views([s for s in self._views if s.start < q and s.end > p])
         self._views_max_end = max((s.end for s in self._views), default=0)
 
     def _materialise_all(self) -> None:
-        for s in list(self._views):
-            s._materialise()
+        self._materialise_views(list(self._views))
         self._views_max_end = 0
+
+    @staticmethod
+    def _materialise_views(views) -> None:
+        """Copy several views out with one evaluation (before any write to the buffer they read)."""
+        for s in views:
+            s._materialise(now=False)
+        if views:
+            evaluate(*[a for s in views for a in (s.keys, s.values)])
 
     def _view(self, start: int, end: int) -> Optional[KVSnapshot]:
         if self.keys is None or end <= start:
@@ -255,7 +264,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self.offset = snap.start
         self._write(k, v)                    # an owned snapshot: all its rows, [start, end)
         self.offset = target
-        mx.eval(self.keys, self.values)
+        evaluate(self.keys, self.values)
         if owned:
             self._adopt(snap)
         return True
@@ -287,7 +296,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
             self.keys = self.values = None
         else:
             self.keys, self.values = _copy_rows(self.keys, 0, need), _copy_rows(self.values, 0, need)
-            mx.eval(self.keys, self.values)
+            evaluate(self.keys, self.values)
         self._views_max_end = max((s.end for s in self._views), default=0)
         return before - self.nbytes
 
@@ -307,7 +316,10 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
             kb, vb = b._rows()
             k = mx.concatenate([ka, kb], axis=2)
             v = mx.concatenate([va, vb], axis=2)
-            mx.eval(k, v)
+            if a._cache is not None or b._cache is not None:
+                evaluate(k, v)       # rows read from a live buffer: copied before it is written again
+            # two owned inputs: left to MLX's lazy evaluation (computed when first read, never when the
+            # merged snapshot is released first; the inputs' arrays stay referenced until then)
             merged = KVSnapshot(a.start, b.end, a.layer, keys=k, values=v)
         a.release()
         b.release()
@@ -327,7 +339,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
             n = snap.end - snap.start
             hk, hv = _copy_rows(snap.keys, 0, i), _copy_rows(snap.values, 0, i)
             tk, tv = _copy_rows(snap.keys, i, n), _copy_rows(snap.values, i, n)
-            mx.eval(hk, hv, tk, tv)
+            # owned input: evaluated lazily, as for a merge of owned snapshots
             head = KVSnapshot(snap.start, at, snap.layer, keys=hk, values=hv)
             tail = KVSnapshot(at, snap.end, snap.layer, keys=tk, values=tv)
         snap.release()
