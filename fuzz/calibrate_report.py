@@ -96,7 +96,8 @@ def run(models, dtypes) -> list:
 
 def markdown(res: list) -> str:
     lines = ["# C1 calibration and planted wrong states", "",
-             f"tol = max({calibrate.K:g} x noise, {calibrate.FLOOR} ulp of the largest logit); flagged by the "
+             f"tol = max(K x noise, {calibrate.FLOOR} ulp of the largest logit), K = {calibrate.K:g} "
+             f"({calibrate.K_TF32:g} under TF32); flagged by the "
              f"logits at >= {MARGIN:g} x tol, else by greedy tokens at a non-tie step, else by the float32 "
              "recheck (fuzz/calibrate_report.py).", "",
              "| model | device | dtype | noise | tol | plant | max abs diff | margin (x tol) | greedy diverges at "

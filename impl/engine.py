@@ -103,7 +103,8 @@ class Engine:
                               check=check_rules)
         self.embedding = _install_media_embedding(self.model)
         w = self.embedding.inner.weight
-        self.hidden = w.shape[-1]
+        bits = getattr(self.embedding.inner, "bits", None)       # a quantised embedding packs its rows
+        self.hidden = w.shape[-1] * 32 // bits if w.dtype == mx.uint32 and bits else w.shape[-1]
         self.feature_scale = float(mx.std(w[:256].astype(mx.float32)).item()) if w.dtype != mx.uint32 else 0.02
 
     # ------------------------------------------------------------ input

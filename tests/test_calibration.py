@@ -50,7 +50,9 @@ def test_calibration_formula_and_cache():
     cal = calibrate.calibration(lm)
     assert calibrate.calibration(lm) is cal                      # once per (model, device, dtype)
     assert cal.device == calibrate.device_key() and cal.dtype == "float32"
-    assert cal.tol == max(calibrate.K * cal.noise, calibrate.FLOOR * calibrate.EPS["float32"] * cal.scale)
+    k = calibrate.K_TF32 if "+tf32" in cal.device else calibrate.K
+    assert cal.k == k
+    assert cal.tol == max(k * cal.noise, calibrate.FLOOR * calibrate.EPS["float32"] * cal.scale)
     assert cal.tie == max(calibrate.TIE_MIN, 2 * cal.tol)
     assert cal.noise == max(p[2] for p in cal.probes) and len(cal.probes) >= 5
     if cal.device == "cpu":
