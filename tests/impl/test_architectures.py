@@ -120,7 +120,13 @@ def test_mamba_v1_decoding_on_our_caches_matches_a_no_cache_forward():
         logits.append(forward(model, [t], caches)[0, -1])
     full = model(mx.array([tokens]))[0, 5:]
     diff = mx.abs(mx.stack(logits) - full).max().item()
-    assert diff < 1e-4, f"mamba v1 on our caches drifts {diff:.3g} from a no-cache forward (state not stored?)"
+    from types import SimpleNamespace
+
+    from fuzz.calibrate import tolerance
+    lm = SimpleNamespace(name="mamba-v1-test", model=model, vocab_size=64, dtype="float32",
+                         make_caches=lambda: make_layer_caches(model))
+    tol = tolerance(lm)          # C1's tolerance calibrated on this device (TF32 GPUs: 1.07e-3 was seen)
+    assert diff <= tol, f"mamba v1 on our caches drifts {diff:.3g} > {tol:.3g} from a no-cache forward (state not stored?)"
 
 
 # ------------------------------------------------------------------ every architecture
