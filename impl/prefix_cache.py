@@ -305,6 +305,7 @@ class PrefixCache:
                 self.trie.own(node, i, s)
             req.stats.captures += 1
             self.touch(node)
+            self._adopt_path()
             self._compact()
         self._evict()
         self.bookkeeping_s += time.perf_counter() - t0
@@ -326,6 +327,7 @@ class PrefixCache:
             self._advance(self.offset)
         if self.frontier is not self.root:
             self._page_out(self.frontier)
+        self._adopt_path()
         self._compact()
         self.touch(self.frontier)
         req, self.request = self.request, None
@@ -339,6 +341,14 @@ class PrefixCache:
         return req.stats
 
     # ------------------------------------------------ compaction, eviction
+    def _adopt_path(self) -> None:
+        """No row held twice: owned KV on the active path below the offset becomes a view of the live
+        rows, which hold the path's tokens (spec adopt_path)."""
+        for n in self.path[1:]:
+            for i, s in enumerate(n.snaps):
+                if s is not None and s.kind == "kv" and not s.lazy and s.end <= self.caches[i].offset:
+                    self.caches[i].adopt(s)
+
     def _compact(self) -> None:
         """P2: merge each non-user single-child node of the active path that holds no whole-state snapshot."""
         i = 1

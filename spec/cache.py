@@ -289,6 +289,7 @@ class PrefixCache:
                     self.trie.release(head)
                 self.trie.own(node, s)
             self.touch(node)
+            self.adopt_path()
             self.compact()
         req.pending = []
         self.evict()
@@ -316,12 +317,23 @@ class PrefixCache:
             self.advance(self.offset)
         if self.frontier is not self.root:
             self.page_out(self.frontier)
+        self.adopt_path()
         self.compact()
         self.touch(self.frontier)
         self.request = None
         self.evict()
 
     # ------------------------------------------------- compaction, eviction
+    def adopt_path(self) -> None:
+        """No row held twice: the live buffer holds the active path's tokens up to
+        the offset, so an owned KV snapshot on the path that ends there becomes a
+        lazy view of those rows (e.g. rows a whole-state resume re-prefilled)."""
+        for n in self.path[1:]:
+            for i, s in n.snaps.items():
+                if self.layers[i].kind == KV and not s.lazy and s.end <= self.offset:
+                    self.trie.counter -= s.size(self.layers[i])
+                    s.lazy = True
+
     def compact(self) -> None:
         """P2: merge each non-user single-child node of the active path that
         holds no whole-state snapshot into its child; no restore point is lost."""

@@ -269,6 +269,15 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
             self._adopt(snap)
         return True
 
+    def adopt(self, snap: KVSnapshot) -> bool:
+        """An owned snapshot of rows the live buffer holds in place (the caller knows: it lies on the
+        active path, below the offset) becomes a view of them; False (unchanged) if lazy or past it."""
+        self._check_snapshot(snap)
+        if snap._cache is not None or snap.end > self.offset or self.keys is None:
+            return False
+        self._adopt(snap)
+        return True
+
     def _adopt(self, s: KVSnapshot) -> None:
         """An owned snapshot whose rows [start, end) were just written in place becomes a lazy view of
         them again: its arrays are dropped and its owner hears -size through the hook, so no row is

@@ -54,7 +54,7 @@ def test_p2_following_the_edge_again_merges_the_halves_back():
     finish(pc, [1, 2, 3, 4, 5, 6, 7, 8], [9, 50])              # decodes 8, 9: follows the tail
     assert tree(pc) == [
         "[0,4) 1 2 3 4 | 0:kv~ 1:kv~ | user",
-        "  [4,9) 5 6 7 8 9 | 0:kv 1:kv *",
+        "  [4,9) 5 6 7 8 9 | 0:kv~ 1:kv~ *",           # on the active path: views of the live rows
     ]
 
 

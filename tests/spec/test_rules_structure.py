@@ -17,8 +17,8 @@ def test_t1_offsets_chain_through_a_split(hybrid):
     assert hybrid.trie.counter == 56          # 2 * (6 + 6) windowed rows + 2 * 10 recurrent, KV lazy
     assert run(hybrid, [1, 2, 3, 4, 5, 20], [21, 22]) == (5, 0)
     assert tree(hybrid) == [
-        "[0,2) 1 2 | 0:kv 1:win 3:rec | user",
-        "  [2,5) 3 4 5 | 0:kv 1:win 3:rec",
+        "[0,2) 1 2 | 0:kv~ 1:win 3:rec | user",           # the active path's KV: views of the live rows
+        "  [2,5) 3 4 5 | 0:kv~ 1:win 3:rec",
         "    [5,6) 6 | 0:kv 1:win 3:rec | user",
         "      [6,12) 7 8 9 10 11 12 | 0:kv 1:win 3:rec",
         "    [5,7) 20 21 | 0:kv~ 1:win 3:rec *",
@@ -55,7 +55,7 @@ def test_t3_one_live_offset_and_frontier_at_it(hybrid):
     assert hybrid.offset == hybrid.frontier.end == 9      # one produced token: nothing decoded past the seed
     assert [(n.start, n.end) for n in hybrid.path] == [(0, 0), (0, 6), (6, 8), (8, 9)]
     assert tree(hybrid)[1:] == [
-        "  [6,8) 7 8 | 0:kv 1:win 3:rec",
+        "  [6,8) 7 8 | 0:kv~ 1:win 3:rec",
         "    [8,12) 9 10 11 12 | 0:kv 1:win 3:rec",
         "    [8,9) 40 | 0:kv~ 1:win 3:rec *",
     ]
@@ -91,7 +91,7 @@ def test_s2_whole_state_at_node_end_and_capture_at_match():
     finish(pc, [1, 2, 3, 4, 5, 6, 30], [31])
     assert tree(pc) == [
         "[0,4) 1 2 3 4 | 0:kv~ 1:rec | user",
-        "  [4,6) 5 6 | 0:kv 1:rec",
+        "  [4,6) 5 6 | 0:kv~ 1:rec",
         "    [6,9) 7 8 9 | 0:kv 1:rec",
         "    [6,7) 30 | 0:kv~ 1:rec *",
     ]
@@ -115,8 +115,8 @@ def test_s3_close_on_a_split_head_pages_out_the_missing_layers(hybrid):
     assert run(hybrid, prompt, [7, 8]) == (5, 2)
     assert tree(hybrid) == [
         "[0,2) 1 2 | 0:kv~ 1:win 3:rec | user",
-        "  [2,5) 3 4 5 | 0:kv 1:win 3:rec",               # the branch-point capture at 5 stays (P2)
-        "    [5,7) 6 7 | 0:kv 1:win 3:rec *",
+        "  [2,5) 3 4 5 | 0:kv~ 1:win 3:rec",              # the branch-point capture at 5 stays (P2)
+        "    [5,7) 6 7 | 0:kv~ 1:win 3:rec *",
         "      [7,9) 8 9 | 0:kv 1:win 3:rec",
     ]
     assert begin(hybrid, prompt + [7, 60]) == (7, 7)    # the head's state is usable
