@@ -14,8 +14,8 @@ checkpoints per request) - (its longest context x raw KV bytes per token + 1 che
 the workload before it runs (responses as placeholders of the right length). Ours applies it to paged-out bytes (its live
 caches are not budgeted, as in the reference design); mlx-lm's server budget (``--prompt-cache-bytes``)
 counts in-flight caches against the total, and an LRU entry *is* the last request's cache, so LRU gets
-``max_bytes = tight + one live cache at the workload's longest context`` (padded the way mlx-lm's
-KVCache allocates, 256 positions at a time).
+``max_bytes = tight + one live cache at the workload's longest context`` (exact rows: the server's
+extracted caches and our fitted live buffers hold no growth slack).
 
 Peak MLX active memory per runner: around each request, ``peak - active_before + held_before`` (the
 runner's own state and temporaries, excluding what other runners hold) plus the weights; the maximum
@@ -25,7 +25,6 @@ over requests.
 from __future__ import annotations
 
 import gc
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -121,7 +120,7 @@ def budgets_for(wl: W.Workload, geom, s: Settings) -> dict:
     # what cannot sit in one live cache: the part of the workload a cache must page out to keep
     beyond_live = max(0, everything - longest * geom.kv_bytes_per_token - geom.checkpoint_bytes)
     tight = int(s.tight_fraction * beyond_live)
-    live = math.ceil(longest / 256) * 256 * geom.kv_bytes_per_token + geom.checkpoint_bytes
+    live = longest * geom.kv_bytes_per_token + geom.checkpoint_bytes       # exact rows, as both hold at rest
     return {"ample": 1 << 62, "tight": tight, "lru_tight": tight + live, "everything": everything,
             "distinct": distinct, "live_reserve": live}
 
