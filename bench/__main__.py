@@ -42,32 +42,6 @@ def parse(argv):
     return ap.parse_args(argv)
 
 
-def targets(rows: list, lazy: dict) -> list:
-    out = []
-    for r in rows:
-        tag = f"{r['workload']}/{r['model']}/{r['budget']}"
-        if r["prefilled_ideal"]:
-            ratio = r["prefilled_ours"] / r["prefilled_ideal"]
-            if r["prefilled_ideal_cp"] is None and r["budget"] == "ample":
-                out.append(f"- {tag}: pure attention, prefilled ours = {r['prefilled_ours']} vs ideal "
-                           f"{r['prefilled_ideal']} ({'met' if r['prefilled_ours'] == r['prefilled_ideal'] else 'MISSED'});"
-                           f" bytes per distinct cached token {r['bpt_ours'] / r['raw_kv_per_token']:.2f}x raw KV "
-                           f"({'met' if r['bpt_ours'] <= 1.1 * r['raw_kv_per_token'] else 'MISSED'}, target <= 1.1x)")
-            elif r["prefilled_ideal_cp"] is not None and r["workload"] == "chat":
-                held = r["budget"] == "ample" or r["paged_out_ours"] <= r["budget_bytes"]
-                out.append(f"- {tag}: hybrid, prefilled / ideal = {ratio:.2f} "
-                           f"({'met' if ratio <= 1.25 else 'MISSED'}, target <= 1.25), budget "
-                           f"{'held' if held else 'EXCEEDED'}")
-        if r["bk_frac"] is not None:
-            out.append(f"- {tag}: trie bookkeeping {100 * r['bk_frac']:.2f}% of forward time "
-                       f"({'met' if r['bk_frac'] < 0.01 else 'MISSED'}, target < 1%)")
-    for m, v in lazy.items():
-        if v is not None:
-            out.append(f"- {m}: decode step with 50 outstanding lazy views / with none = {v:.3f} "
-                       f"({'met' if v <= 1.05 else 'MISSED'}, target <= 1.05)")
-    return out
-
-
 def main(argv=None) -> list:
     args = parse(argv if argv is not None else sys.argv[1:])
     import mlx.core as mx
@@ -112,8 +86,7 @@ def main(argv=None) -> list:
     info1 = report.machine()
     print()
     print(report.text_table(rows))
-    checks = targets(rows, lazy)
-    print("\n".join(checks))
+    checks = []                                   # the floors below replace the old per-target lines
     from bench import floors
     floor_lines = floors.judge(rows, lazy, fifty)
     print()
@@ -194,7 +167,6 @@ def markdown(rows, checks, lazy, geoms, args, command, started, elapsed, info0, 
         lines += [png_note, ""]
     if floor_table:
         lines += ["## Floors (issue #16; bench/floors.py)", "", floor_table, ""]
-    lines += ["## Targets (docs: /work/shared/TARGETS.md)", ""] + checks + [""]
     lines += [
         "## How to read it",
         "",
