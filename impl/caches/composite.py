@@ -217,6 +217,12 @@ class KVListCache(_ListMixin, LayerCache, mlx_cache.CacheList):
         """Each KV part's fit (kv.py): no growth slack held at rest."""
         return sum(c.fit() for c in self.caches if hasattr(c, "fit"))
 
+    def adopt(self, snap) -> bool:
+        """Each KV part's adopt (kv.py): owned rows the live parts hold in place become views of them
+        (each part's bytes leave through the PartsSnapshot's hook); True when every part did."""
+        self._check_parts(snap)
+        return all([c.adopt(p) for c, p in zip(self.caches, snap.parts)])
+
 
 class StateListCache(_ListMixin, WholeStateCache, mlx_cache.CacheList):
     kind = "recurrent"
