@@ -344,10 +344,12 @@ class PrefixCache:
     def _adopt_path(self) -> None:
         """No row held twice: owned KV on the active path below the offset becomes a view of the live
         rows, which hold the path's tokens (spec adopt_path)."""
+        kv = [(i, c) for i, c in enumerate(self.caches) if c is not None and c.kind == "kv"]
         for n in self.path[1:]:
-            for i, s in enumerate(n.snaps):
-                if s is not None and s.kind == "kv" and not s.lazy and s.end <= self.caches[i].offset:
-                    self.caches[i].adopt(s)
+            for i, c in kv:
+                s = n.snaps[i]
+                if s is not None and not s.lazy and s.end <= c.offset:
+                    c.adopt(s)
 
     def _compact(self) -> None:
         """P2: merge each non-user single-child node of the active path that holds no whole-state snapshot."""

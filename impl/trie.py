@@ -57,7 +57,10 @@ class Node:
 def common_prefix(a, b) -> int:
     """Length of the longest common prefix; whole blocks are compared as slices first (long prompts)."""
     n, limit = 0, min(len(a), len(b))
-    a, b = tuple(a), tuple(b)
+    if not isinstance(a, tuple):
+        a = tuple(a)
+    if not isinstance(b, tuple):
+        b = tuple(b)
     step = 256
     while n + step <= limit and a[n:n + step] == b[n:n + step]:
         n += step
@@ -74,7 +77,8 @@ def match(root: Node, keys) -> tuple[list, int]:
         child = node.children.get(keys[pos])
         if child is None:
             break
-        n = common_prefix(child.edge, keys[pos:pos + len(child.edge)])
+        seg = keys[pos:pos + len(child.edge)]
+        n = len(seg) if seg == child.edge else common_prefix(child.edge, seg)
         path.append(child)
         pos += n
         if n < len(child.edge):
