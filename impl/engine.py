@@ -122,9 +122,11 @@ class Engine:
         return prompt
 
     def boundaries_of(self, prompt, tokens, boundaries=None) -> tuple:
-        """Where messages end in the templated tokens (REFERENCE section 2 step 2), plus the offsets a
-        token-id prompt names itself: each becomes a user capture, so a conversation diverging after the
-        system prompt or after any earlier turn resumes exactly there."""
+        """Message boundaries (REFERENCE section 2 step 2) as token offsets: the offsets a token-id
+        prompt names itself, or, for chat messages, where each message ends and where each message's
+        content starts (after its role header, where two conversations sharing a history diverge).
+        Each becomes a user capture, so a conversation diverging after the system prompt or after any
+        earlier turn resumes exactly there."""
         out = set()
         if boundaries is not None:
             if isinstance(boundaries, (str, bytes)) or not hasattr(boundaries, "__iter__"):
@@ -133,13 +135,30 @@ class Engine:
                 if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 0 < b <= len(tokens):
                     raise BadRequest(f"message boundary {b!r} is not an offset in (0, {len(tokens)}]")
                 out.add(int(b))
-        messages = list(prompt) if not isinstance(prompt, str) else []
+        messages = [] if isinstance(prompt, str) else list(prompt)
         if messages and all(isinstance(m, dict) for m in messages):
-            for k in range(1, len(messages) + 1):
-                head = self.tokenizer.apply_chat_template(messages[:k], add_generation_prompt=False)
-                if len(head) <= len(tokens) and list(head) == tokens[:len(head)]:
-                    out.add(len(head))
+            out.update(self._message_offsets(messages, tokens))
         return tuple(sorted(out))
+
+    def _message_offsets(self, messages, tokens) -> set:
+        """Character offsets of message ends (the template of the first k messages is a prefix of the
+        whole) and content starts, mapped to the tokens that start exactly there (one tokenisation)."""
+        tok, render = self.tokenizer, self.tokenizer.apply_chat_template
+        text = render(messages, add_generation_prompt=True, tokenize=False)
+        ids, offsets = tok.encode_offsets(text)
+        if list(ids) != list(tokens):
+            return set()
+        at = {start: i for i, (start, _end) in enumerate(offsets)}
+        chars, pos = set(), 0
+        for k, m in enumerate(messages, 1):
+            c = text.find(m["content"], pos) if m["content"] else -1
+            if c >= 0:
+                chars.add(c)
+            head = render(messages[:k], add_generation_prompt=False, tokenize=False)
+            if text.startswith(head):
+                chars.add(len(head))
+                pos = len(head)
+        return {at[c] for c in chars if c in at and 0 < at[c] < len(tokens)}
 
     def validate(self, tokens, media, max_tokens) -> list:
         if len(tokens) == 0:

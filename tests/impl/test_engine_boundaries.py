@@ -30,23 +30,27 @@ def engine(lm) -> Engine:
     return Engine(lm, capture_interval=1 << 20, near_end=0, check_rules=True)
 
 
-def test_boundaries_are_where_messages_end(hybrid):
+def test_boundaries_are_where_messages_end_and_contents_start(hybrid):
     e = engine(hybrid)
     msgs = [SYSTEM, {"role": "user", "content": "hi"}]
     tokens = e.tokens_of(msgs)
-    ends = e.boundaries_of(msgs, tokens)
-    system_end = len(hybrid.tokenizer.apply_chat_template([SYSTEM], add_generation_prompt=False))
-    assert ends == (system_end, len(hybrid.tokenizer.apply_chat_template(msgs, add_generation_prompt=False)))
+    render = hybrid.tokenizer.apply_chat_template
+    ends = [len(render(msgs[:k], add_generation_prompt=False)) for k in (1, 2)]
+    user_header = len(render(msgs[:1] + [{"role": "user", "content": ""}], add_generation_prompt=False)) - 2
+    starts = [3, user_header]                 # after "<|im_start|>system\n" and "<|im_start|>user\n"
+    assert e.boundaries_of(msgs, tokens) == tuple(sorted(ends + starts))
+    assert hybrid.tokenizer.decode(tokens[user_header:user_header + 1]) == "hi"
     assert ends[-1] < len(tokens)                       # the generation prompt follows the last message
 
 
-def test_a_new_conversation_resumes_at_the_end_of_the_shared_system_prompt(hybrid):
+def test_a_new_conversation_resumes_where_it_diverges_from_the_shared_system_prompt(hybrid):
     e = engine(hybrid)
-    system_end = len(hybrid.tokenizer.apply_chat_template([SYSTEM], add_generation_prompt=False))
+    render = hybrid.tokenizer.apply_chat_template
+    system_end = len(render([SYSTEM], add_generation_prompt=False))
     e.generate([SYSTEM, {"role": "user", "content": "Name a colour."}], max_tokens=3, stop_at_eos=False)
     r = e.generate([SYSTEM, {"role": "user", "content": "What is two plus two?"}], max_tokens=3, stop_at_eos=False)
-    assert r.stats.resumed == system_end, r.stats
-    assert r.stats.matched - r.stats.resumed <= 4, r.stats   # only the shared "<|im_start|>user\n" lies between
+    assert r.stats.resumed == r.stats.matched, r.stats       # the content start of the user message: no re-prefill
+    assert system_end < r.stats.resumed <= system_end + 3, r.stats   # just past the shared "<|im_start|>user\n"
 
 
 def test_without_boundaries_the_same_conversation_resumes_at_zero(hybrid):
