@@ -27,7 +27,8 @@ import numpy as np
 from impl.caches.factory import forward
 from impl.media import BadRequest, keys_of, noncausal_spans, validate_media
 from impl.memory import mlx_memory
-from impl.prefix_cache import PrefixCache, Stats
+from impl.prefix_cache import PrefixCache
+from impl.request import Stats
 
 ROLES = ("system", "user", "assistant")
 

@@ -1,34 +1,29 @@
 """The prefix cache: one model's live layer caches, paged in and out of a trie.
 
-Mirrors spec/cache.py operation for operation, on real MLX layer caches.
-A request runs: begin(keys, spans) -> for each chunk from next_chunk():
-forward the model, evaluated(keys) -> prefilled() -> decode steps, each
-followed by evaluated([key]) -> close(). The forward itself belongs to the
-caller (the Engine, or a tracer in tests); this class does the bookkeeping.
+Mirrors spec/cache.py verb for verb on real MLX layer caches: begin(keys,
+spans, boundaries) -> for each chunk from next_chunk(): the caller runs the
+model, then evaluated(keys) -> prefilled() -> decode steps, each followed by
+evaluated([key]) -> close(). This class does the bookkeeping only.
 
-Invariants kept here (REFERENCE rule ids; checked after every operation when
+Invariants kept here (REFERENCE ids; checked after every operation when
 `check=True`, through impl.invariants):
-  T3  all layer caches rest at one offset; after begin and after close the
-      active path's last node (the frontier) ends exactly there.
+  T3  all layer caches rest at one offset; after begin and close the frontier ends there.
   S3  close pages out every stateful layer the frontier is missing.
-  M1  next_chunk never ends a chunk strictly inside a non-causal span.
-  M2  captures scheduled strictly inside one land at its end.
-  M3  the resume offset is never strictly inside one.
-  P1  a resume strictly inside an edge splits the node at the live offset;
-      the head becomes the frontier and is touched.
+  M1-M3  no chunk ends, capture lands or resume starts strictly inside a non-causal span.
+  P1  a resume strictly inside an edge splits it at the live offset; the head is the touched frontier.
   P2  compaction merges a non-user single-child path node (not root or frontier)
       holding no whole-state snapshot; a checkpoint leaves only by eviction.
-  E1-E4  eviction: bytes <= budget unless all is protected; only root, frontier
-      and branch points are; LRU first (ties deeper, larger, key path); a
-      leaf is removed, a one-child node merged into its child.
+  E1-E4  bytes <= budget unless all is protected; only root, frontier and branch
+      points are; LRU first (ties deeper, larger, key path); a leaf is removed,
+      a one-child node merged into its child.
+  A1  no KV row is held twice: owned KV on the active path becomes a view of the live rows.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-
 from impl import dump, invariants
 from impl.caches.evaluation import deferred_eval
+from impl.request import Request, Stats
 from impl.trie import Node, Trie, common_prefix, match, walk
 
 
@@ -55,31 +50,6 @@ def schedule(n: int, resume: int, matched: int, spans, interval: int, near_end: 
         span = _inside(c, spans)
         wanted[span[1] if span else c] = True              # M2
     return sorted((c, u) for c, u in wanted.items() if resume < c <= n - 1)
-
-
-@dataclass
-class Stats:
-    """One request's figures: prompt keys, matched, resumed at, prefilled (keys
-    evaluated before decode), captures attached, nodes evicted from begin to close."""
-    total: int = 0
-    matched: int = 0
-    resumed: int = 0
-    prefilled: int = 0
-    captures: int = 0
-    evictions: int = 0
-
-
-@dataclass
-class Request:
-    keys: tuple
-    spans: list
-    matched: int
-    resume: int
-    schedule: list
-    chunks: list = field(default_factory=list)
-    prefilled: bool = False
-    stats: Stats = field(default_factory=Stats)
-    evictions_before: int = 0     # the eviction count when the request began
 
 
 class PrefixCache:

@@ -5,23 +5,18 @@ active path, root first, whose last node is the frontier. A request is
 begin -> prefill (chunks, captures) -> decode steps -> close.
 
 Invariants kept here (predicates in spec.rules):
-  T3  all layers rest at one offset; after begin and after close the frontier
-      ends exactly at it.
+  T3  all layers rest at one offset; after begin and close the frontier ends there.
   S3  close pages out every stateful layer the frontier is missing.
-  M1  a chunk never ends strictly inside a non-causal item.
-  M2  a capture scheduled strictly inside one lands at its end.
-  M3  a resume never starts strictly inside one (a match ending inside an
-      item resumes at its start).
+  M1-M3  no chunk ends, capture lands or resume starts strictly inside a
+      non-causal item (a match ending inside one resumes at its start).
   P1  a resume strictly inside an edge splits that node at the live offset;
       the head stays on the path (frontier) and is touched.
-  P2  compaction merges a non-user, single-child node of the active path
-      (other than root and frontier) into its child only when it holds no
-      whole-state snapshot: a whole-state checkpoint leaves only by eviction.
-  E1  after eviction, counter <= budget unless every node is protected.
-  E2  only root, frontier and branch points are protected.
-  E3  victims go least recently used first; ties: deeper, then larger first
-      (then by key path, so the order is total).
-  E4  a leaf is removed; a node with one child merges into it (G2).
+  P2  compaction merges a non-user single-child path node (not root or
+      frontier) holding no whole-state snapshot: a whole-state checkpoint
+      leaves only by eviction.
+  E1-E4  counter <= budget unless all is protected; only root, frontier and
+      branch points are; LRU first, ties deeper, larger, then key path; a leaf
+      is removed, a one-child node merges into its child (G2).
   C1  the live content equals a cold prefill of the evaluated keys.
 """
 from __future__ import annotations

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from impl.media import BadRequest
-from impl.prefix_cache import Stats
+from impl.request import Stats
 
 FAKE_ENGINE = "tests.support.fake_engine:load"
 
