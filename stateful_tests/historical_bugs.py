@@ -61,13 +61,18 @@ def hunt_settings(mutant: Mutant, parent=None):
 def hunt(mutant: Mutant, hyp_settings, shrink_seconds: float = 5.0) -> dict:
     """Run `mutant`'s machine under `hyp_settings`, shrinking for at most
     `shrink_seconds` (Hypothesis' own cap is 300 s); see the module docstring."""
-    from hypothesis.internal.conjecture import engine
+    from hypothesis.internal.conjecture import engine, providers
     from hypothesis.stateful import run_state_machine_as_test
     machine = machine_for(mutant.mix, base=HuntingMachine)
     _Hunt.t0, _Hunt.first_failure_s, _Hunt.failing_runs, _Hunt.last_failing_steps, _Hunt.runs = \
         time.perf_counter(), None, 0, None, 0
     error = None
-    with mutant.apply(), patched(engine, "MAX_SHRINKING_SECONDS", shrink_seconds):
+    # Hypothesis mixes constants found in every loaded local module into what it draws, so a
+    # derandomised search would depend on which tests ran before in the same process (pytest-xdist
+    # hands them out by timing): the hunt draws from no such pool, and finds the same thing everywhere.
+    none = providers.Constants()
+    with mutant.apply(), patched(engine, "MAX_SHRINKING_SECONDS", shrink_seconds), \
+            patched(providers, "_get_local_constants", lambda: none):
         try:
             run_state_machine_as_test(machine, settings=hyp_settings)
         except Exception as e:               # the failure we hunt for (or an impl crash)
