@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import statistics
 import sys
+import json
 import time
 
 from stateful_tests.machines import ConformanceMachine, machine_for
@@ -117,6 +118,10 @@ def medians(results) -> dict:
 if __name__ == "__main__":
     # python -m stateful_tests.historical_bugs [KEY ...]   (CI=true for the ci profile)
     import conftest  # noqa: F401  (root conftest: registers the profiles)
+    if sys.argv[1:2] == ["--json"]:          # one hunt, its result as JSON (test_historical_bugs' fresh process)
+        r = hunt(MUTANTS[sys.argv[2]], hunt_settings(MUTANTS[sys.argv[2]]))
+        print("\n" + json.dumps({k: v for k, v in r.items() if k != "program"} | {"program": r["program"]}))
+        sys.exit(0)
     results = []
     for m in [MUTANTS[k] for k in sys.argv[1:]] or list(MUTANTS.values()):
         r = hunt(m, hunt_settings(m))
