@@ -3,7 +3,6 @@ nothing changes (the scheduler's table and decisions, the runner's trie). docs/s
 same table."""
 from __future__ import annotations
 
-import faulthandler
 import json
 
 import ollama
@@ -64,11 +63,7 @@ BAD = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def bounded():
-    faulthandler.dump_traceback_later(120, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+pytestmark = pytest.mark.usefixtures("watchdog")
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ runner processes: streaming and non-streaming chat and generate with Ollama's fi
 disconnect, two clients on two models at once, token-id prompts with boundaries (our extension)."""
 from __future__ import annotations
 
-import faulthandler
 import json
 import threading
 import time
@@ -12,7 +11,6 @@ import time
 import ollama
 import pytest
 
-from impl.client import runner_processes
 from tests.support.servers import MiB, call, fake_server, lines
 
 SIZES = {"a": 2 * MiB, "b": 3 * MiB}
@@ -20,20 +18,7 @@ DURATIONS = ("total_duration", "load_duration", "prompt_eval_duration", "eval_du
 REUSE = {"total", "matched", "resumed", "prefilled", "evictions"}
 
 
-@pytest.fixture(autouse=True)
-def bounded():
-    faulthandler.dump_traceback_later(120, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def clean_at_the_end():
-    yield
-    left = runner_processes()
-    for p in left:
-        p.kill()
-    assert not left, f"runner processes survived the module: {left}"
+pytestmark = pytest.mark.usefixtures("watchdog", "no_runner_left")
 
 
 @pytest.fixture(scope="module")

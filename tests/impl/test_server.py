@@ -2,16 +2,12 @@
 change, cancellation when the HTTP client goes away, loopback-only binding, the CLI."""
 from __future__ import annotations
 
-import faulthandler
 import http.client
 import io
 import json
-import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 
 import psutil
 import pytest
@@ -26,20 +22,7 @@ from tests.support.servers import call, fake_server, lines, state
 MiB = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def bounded():
-    faulthandler.dump_traceback_later(120, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def clean_at_the_end():
-    yield
-    left = runner_processes()
-    for p in left:
-        p.kill()
-    assert not left, f"runner processes survived the module: {left}"
+pytestmark = pytest.mark.usefixtures("watchdog", "no_runner_left")
 
 
 @pytest.fixture(scope="module")
