@@ -285,14 +285,8 @@ def e3_impl(mp):
     mp.setattr(ipc.PrefixCache, "evict_order", lambda self, n: (-n.last_used,))
 
 
-def e4_spec(mp):                             # a single-child victim is dropped and its child re-hung as it was
-    def merge_with_child(store, node):
-        child = node.children[0]
-        for i in sorted(node.snaps):
-            store.release(store.disown(node, i))
-        node.parent.children[node.parent.children.index(node)] = child
-        child.parent = node.parent
-        return child
+def _merging_during_evict(mp, cls, name, merge_with_child):
+    """Eviction (`cls.name`) merges with `merge_with_child(trie, node)`; other merges stay as they are."""
     def evict(orig):
         def e(self):
             self.trie.merge_with_child = lambda node: merge_with_child(self.trie, node)
@@ -301,7 +295,18 @@ def e4_spec(mp):                             # a single-child victim is dropped 
             finally:
                 del self.trie.merge_with_child
         return e
-    wrap(mp, SpecCache, "evict", evict)
+    wrap(mp, cls, name, evict)
+
+
+def e4_spec(mp):                             # a single-child victim is dropped and its child re-hung as it was
+    def merge_with_child(store, node):
+        child = node.children[0]
+        for i in sorted(node.snaps):
+            store.release(store.disown(node, i))
+        node.parent.children[node.parent.children.index(node)] = child
+        child.parent = node.parent
+        return child
+    _merging_during_evict(mp, SpecCache, "evict", merge_with_child)
 
 
 def e4_impl(mp):
@@ -314,15 +319,7 @@ def e4_impl(mp):
         node.parent.children.setdefault(child.edge[0], child)
         child.parent = node.parent
         return child
-    def evict(orig):
-        def e(self):
-            self.trie.merge_with_child = lambda node: merge_with_child(self.trie, node)
-            try:
-                orig(self)
-            finally:
-                del self.trie.merge_with_child
-        return e
-    wrap(mp, ipc.PrefixCache, "_evict", evict)
+    _merging_during_evict(mp, ipc.PrefixCache, "_evict", merge_with_child)
 
 
 def e5_spec(mp):                             # without the matched checkpoint, back to 0 (not the newest survivor)
