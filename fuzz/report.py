@@ -64,9 +64,11 @@ def build(campaign) -> dict:
                    "cold_runs": campaign.oracle.misses, "cold_cache_hits": campaign.oracle.hits,
                    "cold_seconds": round(campaign.oracle.seconds, 1)},
         "totals": {k: sum(models[n][k] for n in models) for k in
-                   ("requests", "ops", "checks", "failures", "ties", "prefilled", "reused", "ideal", "no_cache")},
+                   ("requests", "ops", "checks", "failures", "ties", "prefilled", "reused", "ideal", "no_cache",
+                    "cleared")},
         "per_model": models,
         "failures": campaign.failures,
+        "cleared": campaign.cleared,
     }
 
 
@@ -74,7 +76,8 @@ def markdown(rep: dict) -> str:
     t = rep["totals"]
     lines = [f"# Fuzz campaign, seed {rep['seed']}", "",
              f"{t['requests']} requests ({t['ops']} operations incl. budget changes) on {', '.join(rep['models'])} "
-             f"in {rep['elapsed_s']} s; {t['checks']} checks, **{t['failures']} failures**, {t['ties']} ties.", "",
+             f"in {rep['elapsed_s']} s; {t['checks']} checks, **{t['failures']} failures**, {t['ties']} ties"
+             f"{'; ' + str(t['cleared']) + ' C1 suspects cleared by the float32 replay' if t['cleared'] else ''}.", "",
              f"Settings: budget {rep['settings']['budget']}, chunk {rep['settings']['chunk']}, capture interval "
              f"{rep['settings']['interval']}, near end {rep['settings']['near_end']}, case length "
              f"{rep['settings']['case_len']} operations.", "",
@@ -126,6 +129,14 @@ def markdown(rep: dict) -> str:
                          f"`python -m fuzz replay {f['case']}`")
     else:
         lines += ["No failures."]
+    if rep.get("cleared"):
+        lines += ["", "## C1 suspects cleared by the float32 replay", "",
+                  "A C1 failure on a noisy device (TF32 matmuls, half precision) is replayed, shrunk, in float32 "
+                  "with TF32 off on the same device, in a fresh process (fuzz/campaign.py `suspect_recheck`). "
+                  "These passed there: the noise, not the cache, moved the logits. Each case stays in cases/.", ""]
+        for c in rep["cleared"]:
+            lines.append(f"- **{c['model']} {c['signature']}**: {c['message'].splitlines()[0][:300]} — case "
+                         f"`{c['case']}`; {c['recheck']}")
     lines += ["", "![memory](memory.png)", ""]
     return "\n".join(lines)
 
