@@ -45,7 +45,7 @@ def schedule(n: int, resume: int, matched: int, spans, interval: int, near_end: 
     offsets = list(range(interval, n, interval)) if interval > 0 else []
     if n - near_end > 0:
         offsets.append(n - near_end)
-    offsets += [b for b in boundaries if 0 < b < n]                # message boundaries (section 2 step 2)
+    offsets += boundaries                                  # message boundaries (section 2 step 2)
     for c in offsets:
         span = _inside(c, spans)
         wanted[span[1] if span else c] = True              # M2
@@ -318,8 +318,8 @@ class PrefixCache:
         for n in self.path[1:]:
             for i, c in kv:
                 s = n.snaps[i]
-                if s is not None and not s.lazy and s.end <= c.offset:
-                    c.adopt(s)
+                if s is not None:
+                    c.adopt(s)                               # refuses a view, or rows past the offset
 
     def _compact(self) -> None:
         """P2: merge each non-user single-child node of the active path that holds no whole-state snapshot."""
@@ -345,8 +345,7 @@ class PrefixCache:
         if not keyed:
             return None
         best = min(k for k, _ in keyed)
-        tied = [n for k, n in keyed if k == best]
-        return tied[0] if len(tied) == 1 else min(tied, key=Node.path_keys)
+        return min((n for k, n in keyed if k == best), key=Node.path_keys)
 
     def _evict(self) -> None:
         while self.trie.counter > self.budget:

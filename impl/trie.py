@@ -57,10 +57,7 @@ class Node:
 def common_prefix(a, b) -> int:
     """Length of the longest common prefix; whole blocks are compared as slices first (long prompts)."""
     n, limit = 0, min(len(a), len(b))
-    if not isinstance(a, tuple):
-        a = tuple(a)
-    if not isinstance(b, tuple):
-        b = tuple(b)
+    a, b = tuple(a), tuple(b)              # no copy for a tuple; a list slice never equals a tuple slice
     step = 256
     while n + step <= limit and a[n:n + step] == b[n:n + step]:
         n += step
@@ -78,7 +75,7 @@ def match(root: Node, keys) -> tuple[list, int]:
         if child is None:
             break
         seg = keys[pos:pos + len(child.edge)]
-        n = len(seg) if seg == child.edge else common_prefix(child.edge, seg)
+        n = common_prefix(child.edge, seg)
         path.append(child)
         pos += n
         if n < len(child.edge):

@@ -18,18 +18,16 @@ mutation run (stateful_tests/mutation.py) found the gaps they close.
 """
 from __future__ import annotations
 
-import inspect
-
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from impl.invariants import RuleViolation
 from impl.prefix_cache import PrefixCache as ImplCache
-from impl.trie import Node, Trie as ImplTrie, walk
+from impl.trie import walk
 from spec.cache import PrefixCache as SpecCache
 from spec.rules import c1_cold_equivalence, check
 from stateful_tests.abstraction import abstract, canon
-from stateful_tests.machines import KvMachine, KvWindowedMachine, kv, recurrent, windowed
+from stateful_tests.machines import KvMachine, KvWindowedMachine, kv, recurrent
 from stateful_tests.test_conformance import run_all_invariants
 from stateful_tests.tracer import Tracer
 
@@ -154,6 +152,58 @@ def test_unchecked_mode_stays_silent():
     pc.trie.counter += 1
     pc.set_budget(1 << 40)                         # no RuleViolation: check=False is the default
     run(pc, tracer, (1, 2, 3, 4, 5))
+
+
+def test_checked_mode_hands_each_rule_the_view_before_the_arguments_and_the_outcome(monkeypatch):
+    """Operation rules (C2, E3, P2 ...) judge a step by the view before it, its arguments and its
+    outcome: under check=True every operation passes all three; unchecked, no view is even built."""
+    import impl.invariants as inv
+    calls, real_before = [], inv.before
+    monkeypatch.setattr(inv, "checked", lambda pc, what, before, args=(), outcome=None:
+                        calls.append((what, before, args, outcome)))
+    pc, tracer = cache(interval=0, near_end=1, check=True)
+    keys = (1, 2, 3, 4, 5, 6)
+    got = pc.begin(keys, (), (3,))
+    evaluate_prompt(pc, tracer, keys)
+    pc.prefilled()
+    pc.close()
+    pc.set_budget(1 << 30)
+    assert [c[0] for c in calls] == ["begin", "attach", "close", "set_budget"]   # close's attach: nothing left
+    for what, before, args, outcome in calls:
+        assert isinstance(before, tuple) and len(before) == 2 and isinstance(before[1], int), (what, before)
+    begin = next(c for c in calls if c[0] == "begin")
+    assert begin[2] == (keys, (), (3,)) and begin[3] == got
+    assert next(c for c in calls if c[0] == "set_budget")[2] == (1 << 30,)
+    built = []
+    monkeypatch.setattr(inv, "before", lambda pc: built.append(pc) or real_before(pc))
+    calls.clear()
+    quiet, tracer = cache(interval=0, near_end=1)
+    run(quiet, tracer, keys)
+    quiet.set_budget(1 << 30)
+    assert built == [] and calls == []
+
+
+def test_close_leaves_no_growth_slack_in_the_live_kv_buffers():
+    """close() fits every live KV buffer to the rows still needed (held bytes = rows x row bytes at rest)."""
+    pc, tracer = cache(interval=2, near_end=1)
+    run(pc, tracer, (1, 2, 3, 4, 5, 6, 7), produce=(8, 9))
+    kv_caches = [c for c in pc.caches if c is not None and c.kind == "kv"]
+    assert kv_caches and all(c.fit() == 0 for c in kv_caches)
+
+
+@pytest.mark.parametrize("n, at", [(300, 300), (300, 299), (600, 0), (600, 255), (600, 256), (600, 257),
+                                    (600, 511), (600, 513), (1000, 1000)])
+def test_common_prefix_of_long_sequences(n, at):
+    """The block comparison of long prompts gives the element-wise answer: diverging inside, at and
+    after a 256-key block, or not at all; lists and tuples alike."""
+    from impl.trie import common_prefix
+    a = [(7 * i) % 11 for i in range(n)]
+    b = list(a)
+    if at < n:
+        b[at] += 1
+    for x, y in ((a, b), (tuple(a), b), (a, tuple(b)), (tuple(b), tuple(a))):
+        assert common_prefix(x, y) == at
+    assert common_prefix(a, b[:at // 2]) == at // 2
 
 
 # ------------------------------------------------------ trie primitives
