@@ -226,9 +226,10 @@ class Campaign:
     def suspect_recheck(self, m: ModelRun, f: Failure, case: dict, path: Path):
         """The stronger oracle for a C1 suspect on a noisy device (TF32 matmuls, half precision): the
         shrunk case replayed in float32 with TF32 off, on this same device, in a fresh process (MLX
-        reads MLX_ENABLE_TF32 once). Noise that a calibrated tolerance cannot bound (a top-k selection,
-        such as deepseek_v32's indexer, flipped by TF32 rounding) disappears there; a cache bug does
-        not. None: no recheck applies; (cleared, what the replay said)."""
+        reads MLX_ENABLE_TF32 once). Rounding noise larger than the calibration saw disappears there;
+        a cache bug does not, nor does a cold path that disagrees with itself on this device
+        (docs/platform.md: deepseek_v32 on the H200). None: no recheck applies; (cleared, what the
+        replay said)."""
         from .calibrate import needs_recheck
         if not f.signature.startswith("C1") or not needs_recheck(m.loaded):
             return None
