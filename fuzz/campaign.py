@@ -52,6 +52,7 @@ class ModelStats:
     max_mem_slack: int = 0     # largest MLX active memory not explained by weights + engines' bytes
     rechecked: int = 0         # cases replayed in float32 (--recheck)
     cleared: int = 0           # C1 suspects of a noisy device that its float32 replay cleared
+    unjudged: int = 0          # C1 failures where the device's own cold path disagrees with itself
     kinds: dict = field(default_factory=dict)
 
 
@@ -84,6 +85,7 @@ class Campaign:
         self.cases_dir = report_dir / "cases"
         self.failures: list = []
         self.cleared: list = []      # C1 suspects the float32 replay on this device cleared (noise)
+        self.unjudged: list = []     # C1 failures where the cold path disagrees with itself (platform)
         self.started = time.time()
         self.op_counter = 0
 
@@ -244,6 +246,24 @@ class Campaign:
         said = (r.stdout.strip().splitlines() or [r.stderr.strip()[-300:]])[-1][-400:]
         return r.returncode == 0, f"float32, MLX_ENABLE_TF32=0, same device: {said}"
 
+    def cold_disagrees(self, m: ModelRun, f: Failure, case: dict):
+        """C1 compares a restore with "a cold prefill"; where mlx-lm's stock caches, fed the failing
+        prompt in the engine's chunks, disagree with one forward of it by more than the tolerance,
+        the cold path is not one answer on this device and C1 cannot be judged there: a platform
+        finding (no cache of ours is involved), reported apart. None when the cold path agrees."""
+        req = case["requests"][-1] if case.get("requests") else None
+        if not f.signature.startswith("C1") or req is None or req.get("media"):
+            return None
+        from .calibrate import cut_forward, one_forward, tolerance
+        toks, size = list(req["tokens"]), m.settings["chunk_size"]
+        cuts = sorted(set(range(0, len(toks) - 1, size)) | {len(toks) - 1, len(toks)})
+        d = float(mx.abs(cut_forward(m.loaded, toks, cuts, stock=True) - one_forward(m.loaded, toks)).max().item())
+        tol = tolerance(m.loaded)
+        if d <= tol:
+            return None
+        return (f"mlx-lm's stock caches in chunks of {size} against one forward of the same {len(toks)} "
+                f"tokens: max |diff| {d:.3g} > tolerance {tol:.3g}")
+
     # ------------------------------------------------------------- failures
     def failed(self, m: ModelRun, f: Failure) -> None:
         runner, m.runner = m.runner, None
@@ -274,6 +294,13 @@ class Campaign:
             return
         if verdict is not None:
             f = Failure(f.signature, f"{f.message} [confirmed by the float32 replay: {verdict[1]}]")
+        split = self.cold_disagrees(m, f, case)
+        if split is not None:
+            m.stats.failures -= 1
+            m.stats.unjudged += 1
+            self.unjudged.append({"model": m.name, "signature": f.signature, "message": f.message[:4000],
+                                  "case": str(path), "cold": split})
+            return
         if getattr(self.args, "save_to_corpus", False):
             corpus = Path(__file__).parent / "corpus"
             corpus.mkdir(exist_ok=True)

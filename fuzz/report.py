@@ -65,10 +65,11 @@ def build(campaign) -> dict:
                    "cold_seconds": round(campaign.oracle.seconds, 1)},
         "totals": {k: sum(models[n][k] for n in models) for k in
                    ("requests", "ops", "checks", "failures", "ties", "prefilled", "reused", "ideal", "no_cache",
-                    "cleared")},
+                    "cleared", "unjudged")},
         "per_model": models,
         "failures": campaign.failures,
         "cleared": campaign.cleared,
+        "unjudged": campaign.unjudged,
     }
 
 
@@ -77,7 +78,9 @@ def markdown(rep: dict) -> str:
     lines = [f"# Fuzz campaign, seed {rep['seed']}", "",
              f"{t['requests']} requests ({t['ops']} operations incl. budget changes) on {', '.join(rep['models'])} "
              f"in {rep['elapsed_s']} s; {t['checks']} checks, **{t['failures']} failures**, {t['ties']} ties"
-             f"{'; ' + str(t['cleared']) + ' C1 suspects cleared by the float32 replay' if t['cleared'] else ''}.", "",
+             f"{'; ' + str(t['cleared']) + ' C1 suspects cleared by the float32 replay' if t['cleared'] else ''}"
+             f"{'; ' + str(t['unjudged']) + ' C1 checks unjudged (the cold path disagrees with itself)' if t['unjudged'] else ''}.",
+             "",
              f"Settings: budget {rep['settings']['budget']}, chunk {rep['settings']['chunk']}, capture interval "
              f"{rep['settings']['interval']}, near end {rep['settings']['near_end']}, case length "
              f"{rep['settings']['case_len']} operations.", "",
@@ -137,6 +140,14 @@ def markdown(rep: dict) -> str:
         for c in rep["cleared"]:
             lines.append(f"- **{c['model']} {c['signature']}**: {c['message'].splitlines()[0][:300]} — case "
                          f"`{c['case']}`; {c['recheck']}")
+    if rep.get("unjudged"):
+        lines += ["", "## C1 unjudged: the cold path disagrees with itself on this device", "",
+                  "mlx-lm's stock caches fed the failing prompt in the engine's chunks disagree with one forward of "
+                  "it by more than the tolerance (fuzz/campaign.py `cold_disagrees`): no cache of ours is in that "
+                  "comparison, so C1 has no single cold answer there. A platform finding, not a pass.", ""]
+        for c in rep["unjudged"]:
+            lines.append(f"- **{c['model']} {c['signature']}**: {c['message'].splitlines()[0][:300]} — case "
+                         f"`{c['case']}`; {c['cold']}")
     lines += ["", "![memory](memory.png)", ""]
     return "\n".join(lines)
 

@@ -49,3 +49,26 @@ def test_a_replay_that_does_not_pass_never_clears(monkeypatch, tmp_path):
 def test_no_recheck_off_noisy_devices_or_for_other_rules(monkeypatch, tmp_path):
     assert _recheck(monkeypatch, tmp_path, GPU_CASE, noisy=False) is None
     assert _recheck(monkeypatch, tmp_path, GPU_CASE, signature="rule:P1") is None
+
+
+
+def _cold(tokens, signature="C1-logits"):
+    from impl.models import load
+    m = SimpleNamespace(loaded=load("deepseek_v32", "float32"), settings={"chunk_size": 16})
+    case = dict(GPU_CASE, requests=[dict(GPU_CASE["requests"][0], tokens=tokens)])
+    return Campaign.cold_disagrees(None, m, Failure(signature, "x"), case)
+
+
+def test_c1_is_judged_where_the_cold_path_agrees_with_itself():
+    assert _cold(GPU_CASE["requests"][0]["tokens"][:56]) is None
+
+
+def test_c1_is_unjudged_where_the_cold_path_disagrees_with_itself():
+    """deepseek_v32's indexer keeps the top 16 keys by relu(q.k) x weights; many keys tie at exactly 0,
+    and argpartition breaks the tie by the row's length, which the chunking sets: on this 63-token
+    prompt mlx-lm's own caches in chunks of 16 and one forward differ by 0.246, on the CPU as on the
+    H200. No cache of ours is in that comparison, so C1 cannot be judged there."""
+    tokens = GPU_CASE["requests"][0]["tokens"]
+    said = _cold(tokens)
+    assert said is not None and "stock caches in chunks of 16" in said and "63 tokens" in said
+    assert _cold(tokens, signature="rule:P1") is None      # only C1 has a cold answer
