@@ -132,22 +132,21 @@ def markdown(rep: dict) -> str:
                          f"`python -m fuzz replay {f['case']}`")
     else:
         lines += ["No failures."]
-    if rep.get("cleared"):
-        lines += ["", "## C1 suspects cleared by the float32 replay", "",
-                  "A C1 failure on a noisy device (TF32 matmuls, half precision) is replayed, shrunk, in float32 "
-                  "with TF32 off on the same device, in a fresh process (fuzz/campaign.py `suspect_recheck`). "
-                  "These passed there: the noise, not the cache, moved the logits. Each case stays in cases/.", ""]
-        for c in rep["cleared"]:
-            lines.append(f"- **{c['model']} {c['signature']}**: {c['message'].splitlines()[0][:300]} — case "
-                         f"`{c['case']}`; {c['recheck']}")
-    if rep.get("unjudged"):
-        lines += ["", "## C1 unjudged: the cold path disagrees with itself on this device", "",
-                  "mlx-lm's stock caches fed the failing prompt in the engine's chunks disagree with one forward of "
-                  "it by more than the tolerance (fuzz/campaign.py `cold_disagrees`): no cache of ours is in that "
-                  "comparison, so C1 has no single cold answer there. A platform finding, not a pass.", ""]
-        for c in rep["unjudged"]:
-            lines.append(f"- **{c['model']} {c['signature']}**: {c['message'].splitlines()[0][:300]} — case "
-                         f"`{c['case']}`; {c['cold']}")
+    apart = {
+        "cleared": ("C1 suspects cleared by the float32 replay", "recheck",
+                    "A C1 failure on a noisy device (TF32 matmuls, half precision) is replayed, shrunk, in float32 "
+                    "with TF32 off on the same device, in a fresh process (fuzz/campaign.py `suspect_recheck`). "
+                    "These passed there: the noise, not the cache, moved the logits. Each case stays in cases/."),
+        "unjudged": ("C1 unjudged: the cold path disagrees with itself on this device", "cold",
+                     "mlx-lm's stock caches fed the failing prompt in the engine's chunks disagree with one forward "
+                     "of it by more than the tolerance (fuzz/campaign.py `cold_disagrees`): no cache of ours is in "
+                     "that comparison, so C1 has no single cold answer there. A platform finding, not a pass."),
+    }
+    for key, (title, why, intro) in apart.items():
+        if rep.get(key):
+            lines += ["", f"## {title}", "", intro, ""]
+            lines += [f"- **{c['model']} {c['signature']}**: {c['message'].splitlines()[0][:300]} — case "
+                      f"`{c['case']}`; {c[why]}" for c in rep[key]]
     lines += ["", "![memory](memory.png)", ""]
     return "\n".join(lines)
 
