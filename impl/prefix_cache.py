@@ -39,12 +39,9 @@ def _chunk_end(q: int, spans) -> int:
 
 def schedule(n: int, resume: int, matched: int, spans, interval: int, near_end: int, boundaries=()) -> list:
     """Capture offsets (offset, user) for a prompt of n keys; see spec.plan.schedule."""
-    wanted = {}
-    if resume < matched:
-        wanted[matched] = False
+    wanted = {matched: False}                              # the branch point (dropped below if resume == matched)
     offsets = list(range(interval, n, interval)) if interval > 0 else []
-    if n - near_end > 0:
-        offsets.append(n - near_end)
+    offsets.append(n - near_end)                           # dropped below unless inside (resume, n - 1]
     offsets += boundaries                                  # message boundaries (section 2 step 2)
     for c in offsets:
         span = _inside(c, spans)
@@ -176,12 +173,12 @@ class PrefixCache:
         """The largest x <= matched that every layer can reach and that is not
         strictly inside a non-causal span. Feasible sets are unions of points
         and prefixes [0, b], so the maximum is a point, a bound, or a span start."""
-        cands = {0, matched, common, self.offset}
+        cands = {matched, common, self.offset}
         for n in path[1:]:
             cands.add(n.end)
             cands.update(s.end for s in n.snaps if s is not None)
         cands.update(a for a, _ in spans)
-        for x in sorted((c for c in cands if 0 <= c <= matched), reverse=True):
+        for x in sorted((c for c in cands if c <= matched), reverse=True):
             if _inside(x, spans) is None and all(self._reachable(i, path, x, common) for i in self.stateful()):
                 return x
         return 0
@@ -234,7 +231,7 @@ class PrefixCache:
         f = self.frontier
         keys = tuple(self.seq[f.end:to])
         walked, k = match(f, keys)
-        if len(walked) > 1 and f.end + k < walked[-1].end:
+        if f.end + k < walked[-1].end:                       # walked[-1] is f when nothing matched
             walked[-1] = self.trie.split(walked[-1], f.end + k)
         self.path += walked[1:]
         if k < len(keys):
@@ -245,7 +242,7 @@ class PrefixCache:
         """Put each crossed capture on the node ending at its offset, clipped
         to the node's edge; a layer the node already has keeps its snapshot."""
         req = self.request
-        if req is None or not req.schedule:
+        if not req.schedule:                                 # (only called with a request open)
             return
         t0, before = time.perf_counter(), self._before()
         plan, req.schedule = req.schedule, []
@@ -293,8 +290,8 @@ class PrefixCache:
         before = self._before()
         self.attach()
         t0 = time.perf_counter()
-        if self.offset > self.frontier.end:
-            self._advance(self.offset)
+        # (no keys past the frontier: no change)
+        self._advance(self.offset)
         if self.frontier is not self.root:
             self._page_out(self.frontier)
         self._adopt_path()

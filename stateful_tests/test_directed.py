@@ -194,8 +194,7 @@ def test_close_leaves_no_growth_slack_in_the_live_kv_buffers():
 @pytest.mark.parametrize("n, at", [(300, 300), (300, 299), (600, 0), (600, 255), (600, 256), (600, 257),
                                     (600, 511), (600, 513), (1000, 1000)])
 def test_common_prefix_of_long_sequences(n, at):
-    """The block comparison of long prompts gives the element-wise answer: diverging inside, at and
-    after a 256-key block, or not at all; lists and tuples alike."""
+    """Long prompts diverging early, late, at the last key or not at all; lists and tuples alike."""
     from impl.trie import common_prefix
     a = [(7 * i) % 11 for i in range(n)]
     b = list(a)
