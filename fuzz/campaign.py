@@ -252,7 +252,7 @@ class Campaign:
         the cold path is not one answer on this device and C1 cannot be judged there: a platform
         finding (no cache of ours is involved), reported apart. None when the cold path agrees."""
         req = case["requests"][-1] if case.get("requests") else None
-        if not f.signature.startswith("C1") or req is None or req.get("media"):
+        if not f.signature.startswith("C1") or req is None or req.get("op") != "generate" or req.get("media"):
             return None
         from .calibrate import cut_forward, one_forward, tolerance
         toks, size = list(req["tokens"]), m.settings["chunk_size"]
