@@ -14,14 +14,12 @@ tests/impl/test_caches_composite.py check them.
 
 from __future__ import annotations
 
-import mlx.core as mx
-import numpy as np
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
 from impl.caches.composite import KVListCache, PartsSnapshot
 from impl.caches.kv import KVCache
-from spec.trie import KV, Broken, Layer
+from spec.trie import KV, Layer
 from stateful_tests import machines
 from stateful_tests.conftest import stateful_settings
 from stateful_tests.requests import NONE, ROW, recurrent
@@ -35,25 +33,9 @@ class CompositeTracer(Tracer):
             if layer.kind == KV:
                 self.caches[i] = KVListCache(KVCache(layer=i), KVCache(layer=i), layer=i)
 
-    def forward(self, offset: int, keys, spans=()) -> None:
-        p, q = offset, offset + len(keys)
-        whole = lambda pos: all(p <= a and e <= q for a, e in spans if a <= pos < e)
-        codes = [self.code(k if whole(p + j) else Broken(k)) for j, k in enumerate(keys)]
-        rows = mx.array(np.array([[c, p + j] for j, c in enumerate(codes)], dtype=np.float32)[None, None])
-        for layer, cache in zip(self.layers, self.caches):
-            if cache is None:
-                continue
-            if isinstance(cache, KVListCache):
-                for part in cache.caches:
-                    part.update_and_fetch(rows, rows)
-            elif layer.kind == KV or layer.kind == "windowed":
-                cache.update_and_fetch(rows, rows)
-            else:
-                prev = (0, 0, 0) if cache[0] is None else tuple(int(v) for v in np.array(cache[0]))
-                cache[0] = mx.array(np.array(self.hashed(codes, prev), dtype=np.uint32))
-        for cache in self.caches:
-            if cache is not None:
-                cache.finish_forward(len(keys))
+    def write_rows(self, cache, rows) -> None:
+        for part in cache.caches if isinstance(cache, KVListCache) else (cache,):
+            part.update_and_fetch(rows, rows)
 
     def live(self, i: int, seq: tuple) -> tuple:
         cache = self.caches[i]

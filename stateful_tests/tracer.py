@@ -76,6 +76,10 @@ class Tracer:
         return n, h1, h2
 
     # --- the forward ---
+    def write_rows(self, cache, rows) -> None:
+        """A KV or windowed layer's write of the forward's rows (keys and values alike)."""
+        cache.update_and_fetch(rows, rows)
+
     def forward(self, offset: int, keys, spans=()) -> None:
         """Evaluate keys at [offset, offset + len(keys)) on every layer."""
         p, q = offset, offset + len(keys)
@@ -86,7 +90,7 @@ class Tracer:
             if cache is None:
                 continue
             if layer.kind in (KV, WINDOWED):
-                cache.update_and_fetch(mx.array(rows), mx.array(rows))
+                self.write_rows(cache, mx.array(rows))
             else:
                 prev = (0, 0, 0) if cache[0] is None else tuple(int(v) for v in np.array(cache[0]))
                 cache[0] = mx.array(np.array(self.hashed(codes, prev), dtype=np.uint32))
