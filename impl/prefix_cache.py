@@ -62,7 +62,8 @@ class PrefixCache:
         self.clock = 0
         self.request: Request | None = None
         self.evictions = 0
-        self.victims: list = []       # key paths of the evicted nodes, in order (the rules' Op.evicted)
+        self.victims: list = []       # key paths of the evicted nodes, in order (the rules' Op.evicted),
+        self.record_victims = False   # kept under check=True or for a checker that sets this (unbounded)
         self.bookkeeping_s = 0.0      # time spent in this class, for overhead figures
 
     # ------------------------------------------------------------- basics
@@ -127,17 +128,17 @@ class PrefixCache:
         resume = self._resume(path, matched, common, spans)
         with deferred_eval():                                # one MLX evaluation for the page-in
             self._restore(path, resume, common)
-        self.seq = list(keys[:resume])
-        self.path = self._split_at_live(path, resume)
-        self.touch(self.frontier)
-        plan = schedule(len(keys), resume, matched, spans, self.interval, self.near_end, boundaries)
-        self.request = Request(keys, spans, matched, resume, plan, evictions_before=evictions_before,
-                               stats=Stats(total=len(keys), matched=matched, resumed=resume))
-        offsets = [c for c, _ in plan]
-        for c in self.caches:
-            if c is not None and offsets:
-                c.prepare_captures(offsets)
-        self._evict()
+            self.seq = list(keys[:resume])
+            self.path = self._split_at_live(path, resume)
+            self.touch(self.frontier)
+            plan = schedule(len(keys), resume, matched, spans, self.interval, self.near_end, boundaries)
+            self.request = Request(keys, spans, matched, resume, plan, evictions_before=evictions_before,
+                                   stats=Stats(total=len(keys), matched=matched, resumed=resume))
+            offsets = [c for c, _ in plan]
+            for c in self.caches:
+                if c is not None and offsets:
+                    c.prepare_captures(offsets)              # a capture at the resume offset
+            self._evict()
         self.bookkeeping_s += time.perf_counter() - t0
         self._checked("begin", before, (keys, tuple(spans), tuple(boundaries)), (matched, resume))
         return matched, resume
@@ -245,36 +246,37 @@ class PrefixCache:
         if not req.schedule:                                 # (only called with a request open)
             return
         t0, before = time.perf_counter(), self._before()
-        plan, req.schedule = req.schedule, []
-        rows = {i: self.caches[i].take_captures() for i in self.stateful()}
-        reached = self.offset
-        for k, (c, _) in enumerate(plan):
-            if c > reached:                                  # never crossed (a cancel)
-                for i in rows:
-                    if rows[i][k] is not None:
-                        rows[i][k].release()
-        crossed = [(k, c, user) for k, (c, user) in enumerate(plan) if c <= reached]
-        if not crossed:
-            return
-        for k, c, user in crossed:
-            row = {i: rows[i][k] for i in rows}
-            node = self._advance(c)
-            node.user = node.user or user
-            for i, s in row.items():
-                if s is None:
-                    continue
-                if node.snaps[i] is not None or (s.kind == "kv" and s.start > node.start):
-                    s.release()
-                    continue
-                if s.kind == "kv" and s.start < node.start:   # clip to the edge (S1)
-                    head, s = self.caches[i].split(s, node.start)
-                    head.release()
-                self.trie.own(node, i, s)
-            req.stats.captures += 1
-            self.touch(node)
-            self._adopt_path()
-            self._compact()
-        self._evict()
+        with deferred_eval():                                # one MLX evaluation for all layers' captures
+            plan, req.schedule = req.schedule, []
+            rows = {i: self.caches[i].take_captures() for i in self.stateful()}
+            reached = self.offset
+            for k, (c, _) in enumerate(plan):
+                if c > reached:                              # never crossed (a cancel)
+                    for i in rows:
+                        if rows[i][k] is not None:
+                            rows[i][k].release()
+            crossed = [(k, c, user) for k, (c, user) in enumerate(plan) if c <= reached]
+            if not crossed:
+                return
+            for k, c, user in crossed:
+                row = {i: rows[i][k] for i in rows}
+                node = self._advance(c)
+                node.user = node.user or user
+                for i, s in row.items():
+                    if s is None:
+                        continue
+                    if node.snaps[i] is not None or (s.kind == "kv" and s.start > node.start):
+                        s.release()
+                        continue
+                    if s.kind == "kv" and s.start < node.start:  # clip to the edge (S1)
+                        head, s = self.caches[i].split(s, node.start)
+                        head.release()
+                    self.trie.own(node, i, s)
+                req.stats.captures += 1
+                self.touch(node)
+                self._adopt_path()
+                self._compact()
+            self._evict()
         self.bookkeeping_s += time.perf_counter() - t0
         self._checked("attach", before)
 
@@ -288,20 +290,20 @@ class PrefixCache:
         if self.request is None:
             raise ValueError("close without an open request")
         before = self._before()
-        self.attach()
-        t0 = time.perf_counter()
-        # (no keys past the frontier: no change)
-        self._advance(self.offset)
-        if self.frontier is not self.root:
-            self._page_out(self.frontier)
-        self._adopt_path()
-        self._compact()
-        self.touch(self.frontier)
-        req, self.request = self.request, None
-        self._evict()
-        with deferred_eval():                                # no growth slack held at rest (kv.py)
+        with deferred_eval():                                # one MLX evaluation: captures, page-out, fit
+            self.attach()
+            t0 = time.perf_counter()
+            # (no keys past the frontier: no change)
+            self._advance(self.offset)
+            if self.frontier is not self.root:
+                self._page_out(self.frontier)
+            self._adopt_path()
+            self._compact()
+            self.touch(self.frontier)
+            req, self.request = self.request, None
+            self._evict()
             for c in (c for c in self.caches if c is not None and c.kind == "kv"):
-                c.fit()
+                c.fit()                                      # no growth slack held at rest (kv.py)
         req.stats.evictions = self.evictions - req.evictions_before
         self.bookkeeping_s += time.perf_counter() - t0
         self._checked("close", before)
@@ -342,7 +344,8 @@ class PrefixCache:
         if not keyed:
             return None
         best = min(k for k, _ in keyed)
-        return min((n for k, n in keyed if k == best), key=Node.path_keys)
+        tied = [n for k, n in keyed if k == best]
+        return tied[0] if len(tied) == 1 else min(tied, key=Node.path_keys)
 
     def _evict(self) -> None:
         while self.trie.counter > self.budget:
@@ -352,7 +355,8 @@ class PrefixCache:
             if self.check:
                 invariants.assert_evictable(self, v)
             self.evictions += 1
-            self.victims.append(v.path_keys())
+            if self.check or self.record_victims:
+                self.victims.append(v.path_keys())
             if v.children:                                   # E4
                 child = next(iter(v.children.values()))
                 if child in self.path:

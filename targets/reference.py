@@ -71,6 +71,7 @@ class ImplTarget:
         self.layers, self.chunk = tuple(layers), chunk
         self.tracer = Tracer(self.layers)
         self.pc = (cache_cls or PrefixCache)(self.tracer.caches, **config)
+        self.pc.record_victims = True
 
     @property
     def victims(self) -> list:

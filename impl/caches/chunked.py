@@ -27,6 +27,7 @@ from mlx_lm.models import cache as mlx_cache
 
 from .base import CacheError, Snapshot, WholeStateCache
 from .captures import CaptureSchedule
+from .evaluation import evaluate
 
 
 class ChunkSnapshot(Snapshot):
@@ -81,7 +82,7 @@ class ChunkedCache(WholeStateCache, mlx_cache.ChunkedKVCache):
     def _eval_captures(self) -> None:
         live = [(s.keys, s.values) for s in self._unevaluated if not s.closed]
         if live:
-            mx.eval(live)
+            evaluate(live)                                # batched inside a deferred_eval block
         self._unevaluated = []
 
     def can_restore(self, snap, target: int) -> bool:

@@ -27,6 +27,7 @@ from mlx_lm.models import cache as mlx_cache
 
 from .base import CacheError, Snapshot, WholeStateCache
 from .captures import CaptureSchedule
+from .evaluation import evaluate
 
 
 class StateSnapshot(Snapshot):
@@ -125,7 +126,7 @@ class RecurrentCache(WholeStateCache, mlx_cache.ArraysCache):
     def _eval_captures(self) -> None:
         live = [s.arrays for s in self._unevaluated if not s.closed]
         if live:
-            mx.eval(live)
+            evaluate(live)                                # batched inside a deferred_eval block
         self._unevaluated = []
 
     def can_restore(self, snap: Optional[StateSnapshot], target: int) -> bool:

@@ -30,6 +30,7 @@ from mlx_lm.models.base import create_causal_mask
 
 from .base import CacheError, Snapshot, WholeStateCache
 from .captures import CaptureSchedule
+from .evaluation import evaluate
 from .masks import span_mask, spans_touching
 
 
@@ -235,7 +236,7 @@ class WindowedCache(WholeStateCache, mlx_cache.RotatingKVCache):
     def _eval_captures(self) -> None:
         live = [s for s in self._unevaluated if not s.closed]
         if live:
-            mx.eval([(s.keys, s.values) for s in live])
+            evaluate([(s.keys, s.values) for s in live])  # batched inside a deferred_eval block
         self._unevaluated = []
 
     def can_restore(self, snap: Optional[WindowSnapshot], target: int) -> bool:
