@@ -183,6 +183,24 @@ def test_checked_mode_hands_each_rule_the_view_before_the_arguments_and_the_outc
     assert built == [] and calls == []
 
 
+def test_eviction_history_is_kept_only_for_a_checker():
+    """A server's cache evicts forever: unchecked, it keeps no list of the evicted key paths (it grew
+    without bound, and each entry walked a key path); check=True or record_victims keeps them, in order."""
+    prompts = [(1, 2, 3, 4, 5), (1, 2, 6, 7, 8), (9, 9, 9, 9, 9), (1, 2, 3, 4, 7)]
+    seen = {}
+    for mode in ("quiet", "check", "record"):
+        pc, tracer = cache(interval=2, near_end=1, budget=1, check=mode == "check")
+        if mode == "record":
+            pc.record_victims = True
+        for p in prompts:
+            run(pc, tracer, p, produce=(p[0],))
+        assert pc.evictions > 0, mode
+        seen[mode] = list(pc.victims)
+    assert seen["quiet"] == []
+    assert seen["check"] == seen["record"] and len(seen["record"]) == pc.evictions     # (pc: the record run)
+    assert all(isinstance(v, tuple) and v for v in seen["record"])
+
+
 def test_close_leaves_no_growth_slack_in_the_live_kv_buffers():
     """close() fits every live KV buffer to the rows still needed (held bytes = rows x row bytes at rest)."""
     pc, tracer = cache(interval=2, near_end=1)
