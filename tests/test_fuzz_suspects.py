@@ -54,12 +54,14 @@ def test_no_recheck_off_noisy_devices_or_for_other_rules(monkeypatch, tmp_path):
 
 
 
-def _cold(monkeypatch, tokens, shift=0.0, signature="C1-logits"):
+def _cold(monkeypatch, tokens, shift=0.0, signature="C1-logits", tol=None):
     import fuzz.calibrate
     from impl.models import load
     if shift:
         real = fuzz.calibrate.one_forward
         monkeypatch.setattr(fuzz.calibrate, "one_forward", lambda lm, t: real(lm, t) + shift)
+    if tol is not None:
+        monkeypatch.setattr(fuzz.calibrate, "tolerance", lambda lm: tol)
     m = SimpleNamespace(loaded=load("deepseek_v32", "float32"), settings={"chunk_size": 16})
     case = dict(GPU_CASE, requests=[dict(GPU_CASE["requests"][0], tokens=tokens)])
     return Campaign.cold_disagrees(None, m, Failure(signature, "x"), case)
@@ -76,8 +78,15 @@ def test_c1_is_unjudged_where_the_cold_path_disagrees_with_itself(monkeypatch):
     the top 16 keys, and at that boundary scores tie or nearly tie (many are exactly 0 after its relu),
     so which keys are kept follows the matmul's rounding and argpartition's order in a row whose length
     the chunking sets. Planted here as a shift of the one-forward logits, so the test does not depend
-    on this machine's BLAS. No cache of ours is in that comparison, so C1 cannot be judged there."""
+    on this machine's BLAS. No cache of ours is in that comparison, so C1 cannot be judged there.
+    The tolerance is pinned at 0.1 (the campaign's on the H200: 0.039): what is tested is the comparison.
+    In the suite on the H200 with 14 workers this test once found no disagreement with the calibrated
+    tolerance, which needs a tolerance >= 0.25 there; alone it passed, and the campaign's calibration
+    gave 0.039. Likely cause, not confirmed (the device budget was spent): deepseek_v32's calibration
+    probes can hit such a top-k flip themselves and read it as chunking noise."""
     tokens = GPU_CASE["requests"][0]["tokens"]
-    said = _cold(monkeypatch, tokens, shift=0.25)
+    said = _cold(monkeypatch, tokens, shift=0.25, tol=0.1)
     assert said is not None and "stock caches in chunks of 16" in said and "63 tokens" in said
-    assert _cold(monkeypatch, tokens, shift=0.25, signature="rule:P1") is None   # only C1 has a cold answer
+    assert "tolerance 0.1" in said
+    assert _cold(monkeypatch, tokens, shift=0.25, signature="rule:P1", tol=0.1) is None   # only C1 has a cold answer
+    assert _cold(monkeypatch, tokens, shift=0.25, tol=1.0) is None       # within a tolerance: judged
