@@ -22,10 +22,10 @@ def measure(model: str, workloads: list, repeat: int) -> list:
 
     lm = load(model)
     geom = geometry(lm)
-    settings = suite.Settings(chunk=512, tight_fraction=0.5, seed=0)
+    settings = suite.Settings()                                            # python -m bench's defaults
     rows = []
     for name in workloads:
-        wl = suite.build_workload(name, lm, "full", 0)
+        wl = suite.build_workload(name, lm, "full", settings.seed)
         if wl is None:
             continue
         suite.run_case(lm, geom, wl, settings, log=lambda _: None)          # warm-up
