@@ -215,7 +215,12 @@ class Engine:
         keys, spans = keys_of(tokens, media), noncausal_spans(media)
         cancel = cancel or (lambda: False)
         book0 = self.pc.bookkeeping_s
-        self.pc.begin(keys, spans, marks)
+        self._reserve(len(tokens) - 1 + max_tokens)         # the rows this request writes, if it runs to the end
+        try:
+            self.pc.begin(keys, spans, marks)
+        except BaseException:
+            self._reserve(0)
+            raise
         produced, first_logits, cancelled, ttft, fwd = [], None, False, 0.0, 0.0
         try:
             while (chunk := self.pc.next_chunk(self.chunk_size)) is not None:
@@ -257,6 +262,13 @@ class Engine:
         return Result(tokens=produced, text=text, stats=stats, first_logits=first_logits, cancelled=cancelled,
                       prompt_tokens=len(tokens), ttft_s=ttft or total, total_s=total, forward_s=fwd,
                       bookkeeping_s=self.pc.bookkeeping_s - book0)
+
+    def _reserve(self, rows: int) -> None:
+        """Each layer cache's reserve hint (caches/base.py): a KV buffer's last growth stops at the
+        request's rows, so close has no growth slack to copy away (kv.py fit)."""
+        for c in self.caches:
+            if c is not None:
+                c.reserve(rows)
 
     @property
     def eos(self) -> int | None:

@@ -193,6 +193,10 @@ class LayerCache:
         """After each forward of n tokens: T3 CacheError on another count; whole-state kinds capture here."""
         raise NotImplementedError
 
+    def reserve(self, rows: int) -> None:
+        """A hint for the open request: it writes up to `rows` rows in all; a growing buffer may size
+        its last growth to it (kinds of bounded size ignore it). Changes no state a reader sees."""
+
     # --- shared argument checks --------------------------------------------------------------
     def _check_target(self, target) -> None:
         if not isinstance(target, int) or isinstance(target, bool):

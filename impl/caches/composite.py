@@ -213,6 +213,10 @@ class KVListCache(_ListMixin, LayerCache, mlx_cache.CacheList):
             c.finish_forward(n_tokens)
         self.offset += n_tokens
 
+    def reserve(self, rows: int) -> None:
+        for c in self.caches:
+            c.reserve(rows)
+
     def fit(self) -> int:
         """Each KV part's fit (kv.py): no growth slack held at rest."""
         return sum(c.fit() for c in self.caches if hasattr(c, "fit"))

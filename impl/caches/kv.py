@@ -20,6 +20,8 @@ Invariants (REFERENCE.md rule ids):
   merge and split never fire their inputs' hooks: the inputs are closed and the result reports its
   own size.
 - Owned size = rows x (bytes per row of K + bytes per row of V); a lazy view owns 0.
+- Growth: the buffer grows in ``step`` rows as mlx-lm's does, except that the growth reaching a
+  request's reserved rows (``reserve``) stops there; at rest (``fit``) it holds exactly the rows in use.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self._views_max_end = 0  # upper bound of the ends of outstanding views
         self._sched = CaptureSchedule()
         self._since_boundary = 0
+        self._reserved = 0          # the open request's announced rows (reserve); 0: none
 
     # --- mlx-lm cache interface --------------------------------------------------------------
     def update_and_fetch(self, keys: mx.array, values: mx.array):
@@ -175,9 +178,11 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         if self.keys is None or prev + n > self.keys.shape[2]:
             B, H, _, Dk = keys.shape
             Dv = values.shape[3]
-            n_steps = (self.step + n - 1) // self.step
-            new_k = mx.zeros((B, H, n_steps * self.step, Dk), keys.dtype)
-            new_v = mx.zeros((B, values.shape[1], n_steps * self.step, Dv), values.dtype)
+            grow = (self.step + n - 1) // self.step * self.step
+            if self._reserved >= prev + n:                  # the request's last growth: exact (reserve)
+                grow = min(grow, self._reserved - prev)
+            new_k = mx.zeros((B, H, grow, Dk), keys.dtype)
+            new_v = mx.zeros((B, values.shape[1], grow, Dv), values.dtype)
             if self.keys is not None:
                 if prev % self.step != 0:
                     self.keys = self.keys[..., :prev, :]
@@ -294,7 +299,9 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
     def fit(self) -> int:
         """Release the buffer's growth slack at rest: keep exactly the rows still needed (the live
         offset and every outstanding view's end), so held bytes are rows x row bytes. Returns the
-        bytes released. The next write grows the buffer again in ``step`` rows."""
+        bytes released. The next write grows the buffer again in ``step`` rows. Ends the reservation.
+        A request that wrote all the rows it reserved left no slack: nothing to copy."""
+        self._reserved = 0
         if self.keys is None:
             return 0
         need = max([self.offset] + [s.end for s in self._views])
@@ -308,6 +315,12 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
             evaluate(self.keys, self.values)
         self._views_max_end = max((s.end for s in self._views), default=0)
         return before - self.nbytes
+
+    def reserve(self, rows: int) -> None:
+        """The open request writes up to `rows` rows: growth stays in ``step`` rows (never more than
+        mlx-lm's algorithm allocates), but the growth that reaches `rows` stops there, so a request
+        that writes all it announced ends with no slack for ``fit`` to copy away."""
+        self._reserved = rows
 
     def merge_snapshots(self, a: Optional[KVSnapshot], b: Optional[KVSnapshot]) -> Optional[KVSnapshot]:
         for s in (a, b):
@@ -360,6 +373,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self.keys = self.values = None
         self.offset = 0
         self._since_boundary = 0
+        self._reserved = 0
 
     def finish_forward(self, n_tokens: int) -> None:
         if self._since_boundary != n_tokens:

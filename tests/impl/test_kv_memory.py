@@ -73,3 +73,44 @@ def test_restore_turns_owned_copies_back_into_views(attention):
     path_snaps = [s for n in e.pc.path[1:] for s in n.snaps if s is not None]
     assert path_snaps and all(s.lazy and s.size == 0 for s in path_snaps)
     assert held(e) == distinct(e) * row_bytes(e)
+
+
+def kv_caches(e):
+    return [c for c in e.caches if c is not None and c.kind == "kv"]
+
+
+def test_a_request_that_runs_to_max_tokens_leaves_no_slack_to_copy(attention, monkeypatch):
+    """Engine.generate reserves the rows a request writes (prompt - 1 + max_tokens): the buffer's last
+    growth stops there, so close's fit has nothing to copy; a request that stops early is fitted."""
+    from impl.caches import kv
+
+    released = []
+    fit = kv.SnapshotKVCache.fit
+    monkeypatch.setattr(kv.SnapshotKVCache, "fit", lambda self: released.append(fit(self)) or released[-1])
+    e = Engine(attention, check_rules=True, chunk_size=16, capture_interval=0)
+    prompt = SYSTEM + [5, 6, 7]
+    e.generate(prompt, max_tokens=4, stop_at_eos=False)
+    rows = len(prompt) - 1 + 4
+    assert all(c.keys.shape[2] == rows == c.offset for c in kv_caches(e))
+    assert released and not any(released)                   # exact already: fit copied nothing
+    released.clear()
+    calls = iter(range(100))
+    e.generate(prompt + [9, 9], max_tokens=6, stop_at_eos=False, cancel=lambda: next(calls) >= 3)
+    assert any(released)                                     # stopped early: the unused reserved rows went
+    assert all(c.keys.shape[2] == c.offset for c in kv_caches(e))
+    assert held(e) == distinct(e) * row_bytes(e)
+
+
+def test_a_reservation_never_grows_a_buffer_past_the_step_rule(attention):
+    """A reservation beyond the next step grows in steps as mlx-lm does (no up-front allocation for a
+    large max_tokens); the growth that reaches it stops there; close ends the reservation."""
+    from impl.caches.kv import SnapshotKVCache
+
+    e = Engine(attention, check_rules=True, chunk_size=16, capture_interval=0)
+    sizes = []
+    prompt = SYSTEM + [5]
+    e.generate(prompt, max_tokens=300, stop_at_eos=False,
+               on_token=lambda _: sizes.append({c.keys.shape[2] for c in kv_caches(e)}))
+    assert sizes[0] == {SnapshotKVCache.step}                # not len(prompt) - 1 + 300 at once
+    assert sizes[-1] == {len(prompt) - 1 + 300}              # the last growth stopped at the reservation
+    assert all(c._reserved == 0 and c.keys.shape[2] == c.offset for c in kv_caches(e))
