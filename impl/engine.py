@@ -216,11 +216,7 @@ class Engine:
         cancel = cancel or (lambda: False)
         book0 = self.pc.bookkeeping_s
         self._reserve(len(tokens) - 1 + max_tokens)         # the rows this request writes, if it runs to the end
-        try:
-            self.pc.begin(keys, spans, marks)
-        except BaseException:
-            self._reserve(0)
-            raise
+        self.pc.begin(keys, spans, marks)
         produced, first_logits, cancelled, ttft, fwd = [], None, False, 0.0, 0.0
         try:
             while (chunk := self.pc.next_chunk(self.chunk_size)) is not None:
