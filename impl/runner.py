@@ -30,6 +30,12 @@ A3: after the weights are loaded and evaluated the allocator's free pool is rele
 (``mx.clear_cache()``), so an idle runner holds its weights and nothing more; /memory reports
 the pool size that was released (``pool_released_bytes``).
 
+The main thread makes every engine call (load, generate, memory, trie): HTTP handlers hand it the
+call and wait (``RunnerState.on_engine``). With MLX >= 0.32 each thread has its own default stream, and on the CUDA
+backend arrays made on a thread that has since ended abort the process when they are freed later
+(docs/platform.md, 2026-12-04). Cached KV outlives the request that made it, so it must be made on a
+thread that outlives every request.
+
 ``--engine real`` (the default) loads ``impl.models.load(model)`` into ``impl.engine.Engine``.
 ``--engine MODULE:FACTORY`` imports MODULE and calls ``FACTORY(args, argv)`` instead, where ``args``
 are the runner's parsed arguments and ``argv`` the arguments the runner does not know; it returns
@@ -44,11 +50,13 @@ import importlib
 import inspect
 import json
 import os
+import queue
 import signal
 import sys
 import threading
 import time
 import traceback
+from concurrent.futures import Future
 from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -124,8 +132,26 @@ class RunnerState:
         self.engine = None
         self.tokenizer = None
         self.info: dict = {}
-        self.engine_lock = threading.Lock()
+        self.engine_lock = threading.Lock()      # one request at a time; /memory waits 0.2 s for it
         self.last_engine_memory: dict = {}
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+
+    def on_engine(self, fn):
+        """Run ``fn()`` on the main thread and return its result (its exception is raised here)."""
+        if threading.current_thread() is threading.main_thread():
+            return fn()
+        done: Future = Future()
+        self._calls.put((fn, done))
+        return done.result()
+
+    def serve_engine(self) -> None:
+        """The main thread's loop once the engine is loaded: make each handed call in turn."""
+        while True:
+            fn, done = self._calls.get()
+            try:
+                done.set_result(fn())
+            except Exception as e:
+                done.set_exception(e)
 
     def memory(self) -> dict:
         out: dict = {"model": self.args.model, "pid": os.getpid(), "status": self.status}
@@ -133,7 +159,7 @@ class RunnerState:
         if self.engine is not None:
             if self.engine_lock.acquire(timeout=0.2):
                 try:
-                    eng = _jsonable(self.engine.memory())
+                    eng = self.on_engine(lambda: _jsonable(self.engine.memory()))
                     self.last_engine_memory = eng
                 finally:
                     self.engine_lock.release()
@@ -180,9 +206,9 @@ class RunnerHandler(JSONHandler):
                 fmt = parse_qs(url.query).get("format", ["text"])[0]
                 with st.engine_lock:
                     if fmt == "json":
-                        self._send_json(200, _jsonable(st.engine.dump_json()))
+                        self._send_json(200, st.on_engine(lambda: _jsonable(st.engine.dump_json())))
                         return
-                    text = st.engine.dump()
+                    text = st.on_engine(st.engine.dump)
                 data = text.encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; charset=utf-8")
@@ -269,11 +295,15 @@ class RunnerHandler(JSONHandler):
             if self._client_gone():
                 return
             t1 = time.monotonic()
-            try:
+            def run():               # on the engine thread; only plain data leaves it
                 kwargs = self._engine_kwargs(req)
                 prompt = self._prompt(req["prompt"])
                 result = st.engine.generate(prompt, req["max_tokens"], media=tuple(req["media"]),
                                             cancel=cancel, on_token=on_token, **kwargs)
+                return ([int(t) for t in getattr(result, "tokens", [])],
+                        _jsonable(getattr(result, "stats", {})), getattr(result, "prompt_tokens", 0))
+            try:
+                tokens, stats, prompt_tokens = st.on_engine(run)
             except BadRequest as e:
                 self._fail(e.status, str(e))
                 return
@@ -285,11 +315,9 @@ class RunnerHandler(JSONHandler):
                 self._fail(500, f"engine error: {type(e).__name__}: {e}")
                 return
             t2 = time.monotonic()
-        tokens = [int(t) for t in getattr(result, "tokens", [])]
         tail = stops.push(text.flush()) + stops.flush()
         if stream and tail:
             self._write_line({"text": tail})
-        stats = _jsonable(getattr(result, "stats", {}))
         eos = getattr(st.tokenizer, "eos_token_id", None)
         if stops.stopped or (tokens and tokens[-1] == eos):
             reason = "stop"
@@ -300,7 +328,7 @@ class RunnerHandler(JSONHandler):
         t_first = first[0] if first else t2
         final = {"done": True, "tokens": tokens, "text": stops.text, "stats": stats,
                  "cancelled": reason == "cancel" or self._gone, "done_reason": reason,
-                 "prompt_tokens": int(getattr(result, "prompt_tokens", 0) or stats.get("total", 0)),
+                 "prompt_tokens": int(prompt_tokens or stats.get("total", 0)),
                  "prompt_eval_s": round(t_first - t1, 6), "eval_s": round(t2 - t_first, 6),
                  "seconds": round(time.monotonic() - t0, 6)}
         self._write_line(final)
@@ -367,8 +395,7 @@ def main(argv=None) -> int:
     state.status = "ok"
     _emit({"event": "ready", "memory": state.memory()})
     try:
-        while True:
-            time.sleep(3600)
+        state.serve_engine()
     except KeyboardInterrupt:
         return 0
 

@@ -61,7 +61,21 @@ def test_prints_port_then_ready_and_serves_health_memory_trie(fake):
     r = c.generate([5, 6, 7], 4)
     assert r["done"] and len(r["tokens"]) == 4 and r["stats"]["total"] == 3
     assert "stream 0" in c.trie()
-    assert c.trie("json") == {"streams": [7]}
+    assert c.trie("json")["streams"] == [7]
+
+
+def test_one_thread_makes_every_engine_call(fake):
+    """The load, each request (each on its own HTTP handler thread), /memory and /trie all reach
+    the engine on the runner's main thread: on MLX's CUDA backend, arrays that outlive the thread that
+    made them abort the process when they are freed (docs/platform.md)."""
+    c = fake("fake-a")
+    c.load()
+    for n in range(3):
+        c.generate([5, 6, n], 2)
+        c.memory()
+        c.trie()
+    threads = c.trie("json")["threads"]
+    assert threads == ["MainThread"], threads
 
 
 def test_streaming_delivers_tokens_before_the_end(fake):
@@ -233,5 +247,26 @@ def test_real_engine_runner_serves_smollm2():
                                   {"role": "user", "content": "Another."}], 2)
         assert r2["stats"]["matched"] > 0, r2["stats"]
         assert isinstance(c.trie(), str)
+    finally:
+        c.close()
+
+
+@pytest.mark.skipif(not REAL_ENGINE, reason="impl.engine not written yet")
+def test_real_engine_runner_resumes_conversations_across_handler_threads():
+    """Each request arrives on its own HTTP handler thread; the cached state one request made must
+    serve the next turn however the threads come and go. On mlx >= 0.32 every thread has its own
+    default stream: before the runner made every engine call on its main thread, a hybrid's second
+    turn failed with "There is no Stream(cpu, N) in current thread" (docs/platform.md)."""
+    c = RunnerClient("qwen3next", engine="real", load_timeout=240)
+    try:
+        c.load()
+        convs = [[1] + [7 + i % 50 for i in range(40)] + [60 + k] * 8 for k in range(3)]
+        for turn in range(2):
+            for k, conv in enumerate(convs):
+                r = c.generate(conv, 3)
+                assert r["done"] and len(r["tokens"]) == 3, r
+                assert turn == 0 or r["stats"]["matched"] >= len(conv) - 12, r["stats"]
+                conv += r["tokens"] + [90 + k] * 4
+        assert c.alive()
     finally:
         c.close()

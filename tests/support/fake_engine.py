@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import signal
+import threading
 import time
 from typing import Any
 
@@ -57,8 +58,13 @@ class FakeEngine:
         self.boundaries: list = []       # the last request's, as the runner passed them
         self.stored: list[list[int]] = []
         self.tokenizer = FakeTokenizer()
+        self.threads = {threading.current_thread().name}    # every thread that called the engine
+
+    def _called(self) -> None:
+        self.threads.add(threading.current_thread().name)
 
     def set_budget(self, budget_bytes: int) -> None:
+        self._called()
         self.budget = budget_bytes
 
     @staticmethod
@@ -71,6 +77,7 @@ class FakeEngine:
         return list(prompt)
 
     def generate(self, prompt, max_tokens, media=(), cancel=None, on_token=None, sampler=None, boundaries=None):
+        self._called()
         ids = self._ids(prompt)
         if len(ids) >= self.context_length:
             raise BadRequest(f"prompt of {len(ids)} tokens is at or over the context length {self.context_length}")
@@ -104,13 +111,16 @@ class FakeEngine:
         return FakeResult(tokens=out, stats=stats, cancelled=cancelled)
 
     def memory(self) -> dict:
+        self._called()
         return {"weights": self.weight_bytes, "live_caches": 0, "paged_out": 0, "budget": self.budget}
 
     def dump(self) -> str:
+        self._called()
         return "\n".join(f"stream {i}: {len(s)} tokens" for i, s in enumerate(self.stored)) or "(empty)"
 
     def dump_json(self) -> dict:
-        out = {"streams": [len(s) for s in self.stored]}
+        self._called()
+        out = {"streams": [len(s) for s in self.stored], "threads": sorted(self.threads)}
         if self.boundaries:
             out["boundaries"] = self.boundaries
         return out
