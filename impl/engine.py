@@ -14,9 +14,15 @@ Invariants kept here:
     still runs and keeps every capture the prefill crossed.
   - Media features enter through the model's embedding layer and
     non-causal spans through the caches' masks, for this forward only.
+  - One thread runs the requests: the first generate() binds the engine to its
+    thread, and a call from another is refused before anything changes. With
+    mlx >= 0.32 each thread has its own stream; cached state (lazy views
+    included) made on one thread fails or aborts the process when another
+    uses or frees it (docs/platform.md, 2026-12-04).
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -31,6 +37,10 @@ from impl.prefix_cache import PrefixCache
 from impl.request import Stats
 
 ROLES = ("system", "user", "assistant")
+
+
+class EngineThreadError(RuntimeError):
+    """A request from a thread other than the one the engine's cached state lives on."""
 
 
 class MediaEmbedding(nn.Module):
@@ -102,6 +112,7 @@ class Engine:
         self.caches = loaded.make_caches()
         self.pc = PrefixCache(self.caches, budget=budget_bytes, interval=capture_interval, near_end=near_end,
                               check=check_rules)
+        self.thread: int | None = None       # the thread of the first request (see the header)
         self.embedding = _install_media_embedding(self.model)
         w = self.embedding.inner.weight
         bits = getattr(self.embedding.inner, "bits", None)       # a quantised embedding packs its rows
@@ -206,6 +217,7 @@ class Engine:
     def generate(self, prompt, max_tokens: int = 16, media=(), sampler=greedy, cancel=None, on_token=None,
                  stop_at_eos: bool = True, boundaries=None) -> Result:
         t0 = time.perf_counter()
+        self._on_own_thread("generate")
         for name, fn in (("sampler", sampler), ("cancel", cancel), ("on_token", on_token)):
             if fn is not None and not callable(fn):
                 raise BadRequest(f"{name} must be callable, got {fn!r}")
@@ -259,6 +271,17 @@ class Engine:
                       prompt_tokens=len(tokens), ttft_s=ttft or total, total_s=total, forward_s=fwd,
                       bookkeeping_s=self.pc.bookkeeping_s - book0)
 
+    def _on_own_thread(self, what: str) -> None:
+        me = threading.current_thread()
+        if self.thread is None:
+            self.thread = me.ident
+        elif self.thread != me.ident:
+            raise EngineThreadError(
+                f"Engine.{what} called on thread {me.name!r}, but this engine's cached state lives on thread "
+                f"{self.thread} (its first request's): with mlx >= 0.32 each thread has its own stream, and "
+                "another thread cannot use or free those arrays safely. Make every call from one thread "
+                "(impl/runner.py hands them to its main thread).")
+
     def _reserve(self, rows: int) -> None:
         """Each layer cache's reserve hint (caches/base.py): a KV buffer's last growth stops at the
         request's rows, so close has no growth slack to copy away (kv.py fit)."""
@@ -274,6 +297,8 @@ class Engine:
     def set_budget(self, budget_bytes: int) -> None:
         if budget_bytes < 0:
             raise BadRequest(f"budget {budget_bytes} < 0")
+        if self.thread is not None:                   # evicting frees cached arrays
+            self._on_own_thread("set_budget")
         self.pc.set_budget(budget_bytes)
 
     def memory(self) -> dict:

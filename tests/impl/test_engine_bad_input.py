@@ -11,10 +11,12 @@ qwen3next (recurrent + KV) and gemma3 (windowed + KV), whose tries hold every sn
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
-from impl.engine import Engine
+from impl.engine import Engine, EngineThreadError
 from impl.media import BadRequest, MediaItem
 from test_engine_support import assert_c1, assert_same_state, engine_state
 
@@ -90,6 +92,28 @@ def test_bad_input_is_refused_and_changes_nothing(case, warm):
     msg = str(info.value)
     for w in words:
         assert w in msg, f"message {msg!r} does not name {w!r}"
+
+
+@pytest.mark.parametrize("call", ["generate", "set_budget"])
+def test_a_call_from_another_thread_is_refused_and_changes_nothing(call, warm):
+    """The engine's cached state lives on its first request's thread (mlx >= 0.32: one stream per
+    thread); a request or an evicting budget from another thread is refused before it touches it."""
+    lm, e = warm
+    before = engine_state(e)
+    raised = []
+
+    def other():
+        try:
+            e.generate(P, 2) if call == "generate" else e.set_budget(0)
+        except Exception as x:
+            raised.append(x)
+
+    t = threading.Thread(target=other, name="not-the-engines")
+    t.start()
+    t.join(120)
+    assert_same_state(before, engine_state(e))
+    assert len(raised) == 1 and isinstance(raised[0], EngineThreadError), raised
+    assert "not-the-engines" in str(raised[0]) and "from one thread" in str(raised[0])
 
 
 def test_engine_constructor_refuses_bad_budget_and_chunk(models):
