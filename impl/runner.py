@@ -31,10 +31,10 @@ A3: after the weights are loaded and evaluated the allocator's free pool is rele
 the pool size that was released (``pool_released_bytes``).
 
 The main thread makes every engine call (load, generate, memory, trie): HTTP handlers hand it the
-call and wait (``RunnerState.on_engine``). With MLX >= 0.32 each thread has its own default stream, and on the CUDA
-backend arrays made on a thread that has since ended abort the process when they are freed later
-(docs/platform.md, 2026-12-04). Cached KV outlives the request that made it, so it must be made on a
-thread that outlives every request.
+call and wait (``RunnerState.on_engine``). With MLX >= 0.32 each thread has its own default stream:
+lazy arrays made on one thread fail on another, and on the CUDA backend arrays made on a thread that
+has since ended abort the process when they are freed (docs/platform.md, 2026-12-04). Cached state
+outlives the request that made it, so it must be made on a thread that outlives every request.
 
 ``--engine real`` (the default) loads ``impl.models.load(model)`` into ``impl.engine.Engine``.
 ``--engine MODULE:FACTORY`` imports MODULE and calls ``FACTORY(args, argv)`` instead, where ``args``
@@ -295,7 +295,7 @@ class RunnerHandler(JSONHandler):
             if self._client_gone():
                 return
             t1 = time.monotonic()
-            def run():               # on the engine thread; only plain data leaves it
+            def run():               # on the main thread (on_engine); only plain data leaves it
                 kwargs = self._engine_kwargs(req)
                 prompt = self._prompt(req["prompt"])
                 result = st.engine.generate(prompt, req["max_tokens"], media=tuple(req["media"]),
