@@ -125,12 +125,14 @@ def generate(name: str, path: Path) -> None:
         weights.pop("lm_head.weight", None)  # gemma3_text ties the head when lm_head is absent
     weights = {k: v.astype(mx.float32) for k, v in weights.items()}
     path.mkdir(parents=True, exist_ok=True)
-    # Per-process temporary names and atomic renames: test workers may generate concurrently,
-    # and the content is deterministic, so the last rename wins with identical bytes.
-    tmp = path / f"model.{os.getpid()}.tmp.safetensors"
+    # Per-process temporary names and atomic renames: test workers and runners may generate
+    # concurrently, and the content is deterministic, so the last rename wins with identical bytes.
+    # The temporary files live beside the model's directory, not in it: mlx-lm's loader reads every
+    # model*.safetensors it finds there, a half-written one included.
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp.safetensors"
     mx.save_safetensors(str(tmp), weights, metadata={"format": "mlx"})
     os.replace(tmp, path / "model.safetensors")
-    tmp_config = path / f"config.{os.getpid()}.tmp.json"
+    tmp_config = path.parent / f".{path.name}.{os.getpid()}.tmp.json"
     tmp_config.write_text(json.dumps(config, indent=2))
     os.replace(tmp_config, path / "config.json")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 
 import mlx.core as mx
@@ -75,6 +76,25 @@ def test_hybrid_generation_is_deterministic_mlx_lm_format(tmp_path, monkeypatch)
     assert fresh.keys() == cached.keys()
     for k in fresh:
         assert mx.array_equal(fresh[k], cached[k]), k
+
+
+def test_generation_never_shows_a_partial_weights_file_to_the_loader(tmp_path, monkeypatch):
+    """mlx-lm's loader reads every model*.safetensors in the model's directory: a generator's
+    temporary file must never be one of them (in CI a concurrent load read a half-written one)."""
+    monkeypatch.setenv("PREFIX_TRIE_CACHE", str(tmp_path))
+    path = hybrid.model_dir("mamba2")
+    seen = []
+    real = mx.save_safetensors
+
+    def save(file, *a, **k):
+        real(file, *a, **k)
+        seen.append(sorted(glob.glob(str(path / "model*.safetensors"))))   # what a load would read now
+
+    monkeypatch.setattr(mx, "save_safetensors", save)
+    hybrid.generate("mamba2", path)
+    assert seen == [[]], seen
+    assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temporary files left behind"
 
 
 def test_tokenizer_from_gguf():
