@@ -36,10 +36,11 @@ class StateSnapshot(Snapshot):
     def __init__(self, offset, arrays, layer=None):
         super().__init__(offset, offset, layer)
         self.arrays: Optional[list] = arrays
+        self._nbytes = sum(a.nbytes for a in arrays or () if a is not None)   # arrays never change
 
     @property
     def size(self) -> int:
-        return sum(a.nbytes for a in (self.arrays or ()) if a is not None)
+        return 0 if self.arrays is None else self._nbytes
 
     def _release(self) -> None:
         self.arrays = None
