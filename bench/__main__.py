@@ -198,7 +198,9 @@ def markdown(rows, checks, lazy, geoms, args, command, started, elapsed, info0, 
         "workload's longest context, because mlx-lm counts in-flight caches against "
         "`--prompt-cache-bytes` and an LRU entry is the previous request's live cache.",
         "- **bookkeeping / forward**: sum of `Result.bookkeeping_s` / sum of `Result.forward_s` over our "
-        "requests (ample budget row: ours at ample; tight row: ours at tight).",
+        "requests (ample budget row: ours at ample; tight row: ours at tight). Bookkeeping = time in the "
+        "prefix cache's verbs + copying out the lazy snapshots a forward overwrites (`before_write`, timed "
+        "apart from the model's forward; docs/caches.md).",
         "- **lazy views step ratio**: bench/lazy_views.py — a decode step with 50 outstanding lazy KV "
         "views per layer over one with none (median of alternating steps).",
         "",

@@ -30,7 +30,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from impl.caches.factory import forward
+from impl.caches.factory import before_write, forward
 from impl.media import BadRequest, keys_of, noncausal_spans, validate_media
 from impl.memory import mlx_memory
 from impl.prefix_cache import PrefixCache
@@ -95,8 +95,8 @@ class Result:
     prompt_tokens: int = 0
     ttft_s: float = 0.0
     total_s: float = 0.0
-    forward_s: float = 0.0
-    bookkeeping_s: float = 0.0
+    forward_s: float = 0.0        # model forwards, without the snapshot copies below
+    bookkeeping_s: float = 0.0    # PrefixCache's verbs + copying out the lazy snapshots forwards overwrite
 
 
 class Engine:
@@ -113,6 +113,7 @@ class Engine:
         self.pc = PrefixCache(self.caches, budget=budget_bytes, interval=capture_interval, near_end=near_end,
                               check=check_rules)
         self.thread: int | None = None       # the thread of the first request (see the header)
+        self.copies_s = 0.0                  # time in before_write: cache bookkeeping, not the model's forward
         self.embedding = _install_media_embedding(self.model)
         w = self.embedding.inner.weight
         bits = getattr(self.embedding.inner, "bits", None)       # a quantised embedding packs its rows
@@ -191,6 +192,9 @@ class Engine:
         """One model forward at offset p. A prefill chunk (logits=False) evaluates only the caches:
         the vocabulary projection of its positions is never computed."""
         q = p + len(tokens)
+        w0 = time.perf_counter()
+        before_write(self.caches, q - p)                   # lazy snapshots this write overwrites: copied out
+        self.copies_s += time.perf_counter() - w0
         hits = [m for m in media if m.pos < q and p < m.end]
         if hits:
             mask = np.zeros((1, q - p, 1), dtype=bool)
@@ -226,7 +230,7 @@ class Engine:
         marks = self.boundaries_of(prompt, tokens, boundaries)
         keys, spans = keys_of(tokens, media), noncausal_spans(media)
         cancel = cancel or (lambda: False)
-        book0 = self.pc.bookkeeping_s
+        book0, copies0 = self.pc.bookkeeping_s, self.copies_s
         self._reserve(len(tokens) - 1 + max_tokens)         # the rows this request writes, if it runs to the end
         self.pc.begin(keys, spans, marks)
         produced, first_logits, cancelled, ttft, fwd = [], None, False, 0.0, 0.0
@@ -268,8 +272,9 @@ class Engine:
         text = self.tokenizer.decode(produced) if produced else ""
         total = time.perf_counter() - t0
         return Result(tokens=produced, text=text, stats=stats, first_logits=first_logits, cancelled=cancelled,
-                      prompt_tokens=len(tokens), ttft_s=ttft or total, total_s=total, forward_s=fwd,
-                      bookkeeping_s=self.pc.bookkeeping_s - book0)
+                      prompt_tokens=len(tokens), ttft_s=ttft or total, total_s=total,
+                      forward_s=fwd - (self.copies_s - copies0),
+                      bookkeeping_s=self.pc.bookkeeping_s - book0 + self.copies_s - copies0)
 
     def _on_own_thread(self, what: str) -> None:
         me = threading.current_thread()

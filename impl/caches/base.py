@@ -193,6 +193,11 @@ class LayerCache:
         """After each forward of n tokens: T3 CacheError on another count; whole-state kinds capture here."""
         raise NotImplementedError
 
+    def before_write(self, n: int) -> None:
+        """The next forward writes n rows at the offset: copy out now every lazy snapshot that write would
+        overwrite (as the write itself would), so a driver can batch all layers' copies into one MLX
+        evaluation; kinds without lazy snapshots have nothing to do. Changes no state a reader sees."""
+
     def reserve(self, rows: int) -> None:
         """A hint for the open request: it writes up to `rows` rows in all; a growing buffer may size
         its last growth to it (kinds of bounded size ignore it). Changes no state a reader sees."""

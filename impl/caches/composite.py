@@ -217,6 +217,10 @@ class KVListCache(_ListMixin, LayerCache, mlx_cache.CacheList):
         for c in self.caches:
             c.reserve(rows)
 
+    def before_write(self, n: int) -> None:
+        for c in self.caches:
+            c.before_write(n)
+
     def fit(self) -> int:
         """Each KV part's fit (kv.py): no growth slack held at rest."""
         return sum(c.fit() for c in self.caches if hasattr(c, "fit"))

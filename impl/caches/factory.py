@@ -10,7 +10,8 @@ Invariants:
   the model, the layer and the kind (docs/caches.md), never approximated.
 - ``forward(model, tokens, caches, n)`` is the only place a forward happens for the Engine: it
   refuses a forward that would cross a whole-state capture strictly inside it (the caller must cut
-  there), calls the model once, then ``finish_forward(n)`` on every cache, so all layers rest at
+  there), copies out the lazy snapshots the forward overwrites (``before_write``, one evaluation for
+  every layer), calls the model once, then ``finish_forward(n)`` on every cache, so all layers rest at
   one offset afterwards (T3).
 """
 
@@ -22,6 +23,7 @@ import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
 
 from .base import CacheError, LayerCache
+from .evaluation import deferred_eval
 from .chunked import ChunkedCache
 from .composite import make_list_cache
 from .kv import KVCache
@@ -61,6 +63,15 @@ def layer_kinds(caches: Sequence[Optional[LayerCache]]) -> list[Optional[str]]:
     return [None if c is None else c.kind for c in caches]
 
 
+def before_write(caches: Sequence[Optional[LayerCache]], n: int) -> None:
+    """Copy out every lazy snapshot the next forward of n rows overwrites, all layers in one MLX
+    evaluation (a layer's own write would evaluate its copies alone, one evaluation per layer)."""
+    with deferred_eval():
+        for c in caches:
+            if c is not None:
+                c.before_write(n)
+
+
 def forward(model, tokens, caches: Sequence[Optional[LayerCache]], n: Optional[int] = None):
     """Run one model forward over n positions and finish it on every cache; returns the logits.
 
@@ -82,6 +93,7 @@ def forward(model, tokens, caches: Sequence[Optional[LayerCache]], n: Optional[i
                     f"capture offset {inside[0]} is strictly inside this forward [{c.offset},{c.offset + n}) "
                     f"for the {c.kind} layer {c.layer}: cut the forward there"
                 )
+    before_write(caches, n)
     logits = model(x, cache=list(caches))
     for c in caches:
         if c is not None:

@@ -195,6 +195,9 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self.keys[..., prev : self.offset, :] = keys
         self.values[..., prev : self.offset, :] = values
 
+    def before_write(self, n: int) -> None:
+        self._before_overwrite(self.offset, self.offset + n)
+
     def _before_overwrite(self, p: int, q: int) -> None:
         """Materialise every outstanding view overlapping slots [p, q)."""
         if not self._views or p >= self._views_max_end:

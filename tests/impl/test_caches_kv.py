@@ -355,3 +355,49 @@ def gens_of(exp, s, p):
     """The generation encoded in the expected K row of position p of snapshot s."""
     val = exp[0][0, 0, p - s.start, 0]
     return int(round((val - p) / 1000))
+
+
+def test_before_write_copies_every_layers_overwritten_views_in_one_evaluation(monkeypatch):
+    """A forward that overwrites lazy views on every layer copies them out before the model runs, all
+    layers in one MLX evaluation (factory.before_write): a layer's own write would evaluate its copies
+    alone, one evaluation per layer mid-forward. Hooks, rows and what the write leaves are unchanged."""
+    import impl.caches.evaluation as evaluation
+    from impl.caches.factory import before_write
+
+    caches = [KVCache(layer=i) for i in range(3)]
+    for c in caches:
+        write(c, 0, 8)
+    views = [c.snapshot(2) for c in caches]
+    heard = {i: [] for i in range(3)}
+    for i, s in enumerate(views):
+        s.on_materialise = heard[i].append
+    for c in caches:
+        assert c.restore(None, 4)                       # a rewind: the next write overwrites [4, 6)
+    evals = []
+    real = evaluation.mx
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def eval(*arrays):
+            evals.append(len(arrays))
+            real.eval(*arrays)
+
+    monkeypatch.setattr(evaluation, "mx", Counting())
+    before_write(caches, 2)
+    assert len(evals) == 1 and evals[0] == 6, f"one evaluation of 3 layers x (K, V) expected, got {evals}"
+    assert all(not s.lazy for s in views)
+    for i, s in enumerate(views):
+        assert heard[i] == [s.size] and s.size > 0
+    for c in caches:
+        write(c, 1, 2)                                   # the model's write: nothing left to copy
+    assert len(evals) == 1
+    gens = [0] * 8
+    for s in views:
+        k, v = snap_rows(s)
+        ek, ev = expect(gens, 2, 8)
+        np.testing.assert_array_equal(k, ek)
+        np.testing.assert_array_equal(v, ev)
+        s.release()
