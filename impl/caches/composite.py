@@ -113,6 +113,11 @@ class _ListMixin:
             c.free()
         self.offset = 0
 
+    def before_write(self, n: int) -> None:
+        """Each part's (a KV part's lazy views, in a KV or a whole-state list alike)."""
+        for c in self.caches:
+            c.before_write(n)
+
     def _check_parts(self, snap) -> None:
         self._check_snapshot(snap)
         if len(snap.parts) != len(self.caches):
@@ -216,10 +221,6 @@ class KVListCache(_ListMixin, LayerCache, mlx_cache.CacheList):
     def reserve(self, rows: int) -> None:
         for c in self.caches:
             c.reserve(rows)
-
-    def before_write(self, n: int) -> None:
-        for c in self.caches:
-            c.before_write(n)
 
     def fit(self) -> int:
         """Each KV part's fit (kv.py): no growth slack held at rest."""

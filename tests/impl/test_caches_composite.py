@@ -80,3 +80,45 @@ def test_whole_state_composite_and_chunked_restore_like_a_cold_prefill(model_typ
         assert mx.array_equal(want, got).item()
     for s in snaps:
         s.release()
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v32", "falcon_h1"])
+def test_before_write_copies_composite_parts_views_in_one_evaluation(model_type, monkeypatch):
+    """A KV part's lazy views, in a KV list (deepseek_v32) or a whole-state list (falcon_h1), are
+    copied out by before_write with every other layer's, in one evaluation, not mid-forward."""
+    import impl.caches.evaluation as evaluation
+    from impl.caches.factory import before_write
+
+    model, _ = build(model_type)
+    caches = make_layer_caches(model)
+    base = live_snapshots()
+    for c in caches:
+        c.prepare_captures([4, 10])
+    forward(model, TOKENS[:4], caches)
+    forward(model, TOKENS[4:10], caches)
+    snaps = [c.take_captures() for c in caches]
+    for c, (s4, _) in zip(caches, snaps):
+        assert c.restore(s4, 4)
+    lazy = lambda: [p for _, s10 in snaps for p in s10.parts if p.lazy]   # noqa: E731
+    assert lazy(), "the later captures' KV parts read rows the next write overwrites"
+    evals = []
+    real = evaluation.mx
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def eval(*arrays):
+            evals.append(len(arrays))
+            real.eval(*arrays)
+
+    monkeypatch.setattr(evaluation, "mx", Counting())
+    before_write(caches, 2)
+    assert len(evals) == 1 and not lazy()
+    forward(model, TOKENS[4:6], caches)
+    assert len(evals) == 1, "the forward had nothing left to copy"
+    for pair in snaps:
+        for s in pair:
+            s.release()
+    assert live_snapshots() == base
