@@ -86,8 +86,8 @@ def test_whole_state_composite_and_chunked_restore_like_a_cold_prefill(model_typ
 def test_before_write_copies_composite_parts_views_in_one_evaluation(model_type, monkeypatch):
     """A KV part's lazy views, in a KV list (deepseek_v32) or a whole-state list (falcon_h1), are
     copied out by before_write with every other layer's, in one evaluation, not mid-forward."""
-    import impl.caches.evaluation as evaluation
     from impl.caches.factory import before_write
+    from tests.support.evaluations import count_evaluations
 
     model, _ = build(model_type)
     caches = make_layer_caches(model)
@@ -101,19 +101,7 @@ def test_before_write_copies_composite_parts_views_in_one_evaluation(model_type,
         assert c.restore(s4, 4)
     lazy = lambda: [p for _, s10 in snaps for p in s10.parts if p.lazy]   # noqa: E731
     assert lazy(), "the later captures' KV parts read rows the next write overwrites"
-    evals = []
-    real = evaluation.mx
-
-    class Counting:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        @staticmethod
-        def eval(*arrays):
-            evals.append(len(arrays))
-            real.eval(*arrays)
-
-    monkeypatch.setattr(evaluation, "mx", Counting())
+    evals = count_evaluations(monkeypatch)
     before_write(caches, 2)
     assert len(evals) == 1 and not lazy()
     forward(model, TOKENS[4:6], caches)

@@ -361,8 +361,8 @@ def test_before_write_copies_every_layers_overwritten_views_in_one_evaluation(mo
     """A forward that overwrites lazy views on every layer copies them out before the model runs, all
     layers in one MLX evaluation (factory.before_write): a layer's own write would evaluate its copies
     alone, one evaluation per layer mid-forward. Hooks, rows and what the write leaves are unchanged."""
-    import impl.caches.evaluation as evaluation
     from impl.caches.factory import before_write
+    from tests.support.evaluations import count_evaluations
 
     caches = [KVCache(layer=i) for i in range(3)]
     for c in caches:
@@ -373,19 +373,7 @@ def test_before_write_copies_every_layers_overwritten_views_in_one_evaluation(mo
         s.on_materialise = heard[i].append
     for c in caches:
         assert c.restore(None, 4)                       # a rewind: the next write overwrites [4, 6)
-    evals = []
-    real = evaluation.mx
-
-    class Counting:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        @staticmethod
-        def eval(*arrays):
-            evals.append(len(arrays))
-            real.eval(*arrays)
-
-    monkeypatch.setattr(evaluation, "mx", Counting())
+    evals = count_evaluations(monkeypatch)
     before_write(caches, 2)
     assert len(evals) == 1 and evals[0] == 6, f"one evaluation of 3 layers x (K, V) expected, got {evals}"
     assert all(not s.lazy for s in views)
