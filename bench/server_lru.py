@@ -31,21 +31,10 @@ import time
 import mlx.core as mx
 
 from bench.runners import Outcome, distinct_tokens
+from targets.mlx_lm.adapter import cut_cached, segments_for
 
 MODEL_KEY = ("bench", None, None)
 
-
-def segments_for(prompt: list, sys_end: int) -> tuple[list, list]:
-    """ResponseGenerator._tokenize's segments for a chat prompt without a thinking tail."""
-    segments, types = [], []
-    if 0 < sys_end < len(prompt):
-        segments.append(list(prompt[:sys_end]))
-        types.append("system")
-    else:
-        sys_end = 0
-    segments.append(list(prompt[sys_end:]))
-    types.append("user")
-    return segments, types
 
 
 class ServerLRU:
@@ -63,17 +52,10 @@ class ServerLRU:
     def run(self, prompt, max_tokens: int, sys_end: int = 0, **_) -> Outcome:
         prompt = list(prompt)
         t0 = time.perf_counter()
-        segments, types = segments_for(prompt, sys_end)
+        segments, types = segments_for(prompt, True, sys_end)
         cache, rest = self.store.fetch_nearest_cache(MODEL_KEY, prompt)
         count = len(prompt) - len(rest)
-        n = count                                  # the server's segment cut
-        while n > 0:
-            if n >= len(segments[0]):
-                n -= len(segments.pop(0))
-                types.pop(0)
-            else:
-                segments[0] = segments[0][n:]
-                break
+        cut_cached(segments, types, count)
         if not segments:                          # exact hit: the server would prefill nothing; we keep
             segments, types = [prompt[-1:]], ["user"]   # one token (see bench/runners.py)
             count = len(prompt) - 1

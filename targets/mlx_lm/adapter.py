@@ -53,6 +53,18 @@ def segments_for(prompt: list, chat: bool, sys_len: int):
     return segments, types
 
 
+def cut_cached(segments: list, types: list, n: int) -> None:
+    """The server's segment cut: drop the first n prompt tokens (served by the cache) from the
+    segments, in place; a segment left empty is dropped with its type."""
+    while n > 0:
+        if n >= len(segments[0]):
+            n -= len(segments.pop(0))
+            types.pop(0)
+        else:
+            segments[0] = segments[0][n:]
+            break
+
+
 @dataclass
 class Entry:
     key: tuple
@@ -190,14 +202,7 @@ class ServerDriver:
         cache, segments, types = res._pending
         res._pending = None
         prompt, count = list(res.prompt), res.count
-        n = count                                       # the server's segment cut
-        while n > 0:
-            if n >= len(segments[0]):
-                n -= len(segments.pop(0))
-                types.pop(0)
-            else:
-                segments[0] = segments[0][n:]
-                break
+        cut_cached(segments, types, count)
         forced = iter(list(gen))
         sampler = lambda logprobs: mx.array([next(forced, 0)], dtype=mx.uint32)
         try:
