@@ -1,16 +1,9 @@
 """The caches the benchmark compares, behind one interface, plus the ideal.
 
 - ``Ours``:   impl.engine.Engine (the prefix-cache trie), greedy, no EOS stop.
-- ``LRU``:    (the bare class; the benchmark's anchor is ``bench/server_lru.ServerLRU``, the server's
-              batched path with its segment checkpoints) mlx-lm's ``LRUPromptCache`` used the way
-              ``mlx_lm/server.py`` serves a request
-              sequentially (``_serve_single``): ``fetch_nearest_cache`` (deep copy of the nearest
-              entry, trimmed when every layer can trim), a fresh ``make_prompt_cache`` when nothing
-              matched, prefill of the rest and decode through ``generate_step``, then
-              ``insert_cache(prompt + generated, cache)``. ``max_size`` is the server's default (10);
-              ``max_bytes`` plays ``--prompt-cache-bytes``.
-              One deviation: on an exact hit the server would prefill an empty prompt; we trim one
-              token (or drop an untrimmable cache) so one token is always evaluated.
+- mlx-lm's ``LRUPromptCache``, driven as ``mlx_lm.server`` drives it: ``bench/server_lru.ServerLRU``.
+  One deviation there: on an exact hit the server would prefill an empty prompt; we trim one token (or
+  drop an untrimmable cache) so one token is always evaluated.
 - ``NoCache``: a fresh ``make_prompt_cache`` per request and ``generate_step`` (stock mlx-lm).
 - ``Ideal``:  the lower bound. "Previously evaluated" = every earlier prompt plus its generated tokens
               except the last (a decoder never needs to evaluate the token it samples last); a request
@@ -152,60 +145,6 @@ class Ours:
                 if snap is not None:
                     trie.disown(n, i).release()
         self.engine = None
-        gc.collect()
-
-
-# ------------------------------------------------------------------------------------------- LRU
-class LRU:
-    def __init__(self, lm, max_bytes: int = 1 << 63, *, chunk: int, max_size: int = 10):
-        from mlx_lm.models.cache import LRUPromptCache
-
-        self.lm = lm
-        self.key = ("bench", lm.name)
-        self.store = LRUPromptCache(max_size=max_size, max_bytes=max_bytes)
-        self.chunk = chunk
-
-    def run(self, prompt, max_tokens: int, **_) -> Outcome:
-        from mlx_lm.generate import generate_step
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
-
-        prompt = list(prompt)
-        t0 = time.perf_counter()
-        cache, rest = self.store.fetch_nearest_cache(self.key, prompt)
-        rest = list(rest)
-        if cache is not None and not rest:                     # exact hit (see module doc)
-            if can_trim_prompt_cache(cache):
-                trim_prompt_cache(cache, 1)
-                rest = prompt[-1:]
-            else:
-                cache, rest = None, prompt
-        if cache is None:
-            cache = make_prompt_cache(self.lm.model)
-        prefilled = len(rest)
-        tokens, ttft = [], 0.0
-        for tok, _ in generate_step(mx.array(rest), self.lm.model, max_tokens=max_tokens, prompt_cache=cache,
-                                    prefill_step_size=self.chunk):
-            tokens.append(int(tok))
-            if len(tokens) == 1:
-                ttft = time.perf_counter() - t0
-        self.store.insert_cache(self.key, prompt + tokens, cache)
-        total = time.perf_counter() - t0
-        return Outcome(tokens, prefilled, ttft or total, total)
-
-    def keys(self) -> list:
-        return [list(t) for lru in self.store._lru._lrus.values() for (_m, t) in lru]
-
-    def held(self) -> int:
-        return self.store.nbytes
-
-    def distinct(self) -> int:
-        return distinct_tokens(self.keys())
-
-    def entries(self) -> int:
-        return len(self.store)
-
-    def close(self) -> None:
-        self.store = None
         gc.collect()
 
 
