@@ -208,7 +208,7 @@ class Engine:
             if c is not None:
                 c.attention_spans = request_spans
         try:
-            out = forward(self.model, mx.array([list(map(int, tokens))]), self.caches)
+            out = forward(self.model, mx.array([list(map(int, tokens))]), self.caches, views_copied=True)
             mx.eval(*([out] if logits else []), *[a for c in self.caches if c is not None for a in _arrays(c)])
         finally:
             self.embedding.patch = None

@@ -72,10 +72,12 @@ def before_write(caches: Sequence[Optional[LayerCache]], n: int) -> None:
                 c.before_write(n)
 
 
-def forward(model, tokens, caches: Sequence[Optional[LayerCache]], n: Optional[int] = None):
+def forward(model, tokens, caches: Sequence[Optional[LayerCache]], n: Optional[int] = None, *,
+            views_copied: bool = False):
     """Run one model forward over n positions and finish it on every cache; returns the logits.
 
-    ``tokens``: token ids (list, [n] or [1, n] integer array).
+    ``tokens``: token ids (list, [n] or [1, n] integer array). ``views_copied``: the caller already
+    ran ``before_write(caches, n)`` (the Engine does, to time it as bookkeeping).
     """
     x = tokens if isinstance(tokens, mx.array) else mx.array(tokens)
     if x.ndim == 1:
@@ -93,7 +95,8 @@ def forward(model, tokens, caches: Sequence[Optional[LayerCache]], n: Optional[i
                     f"capture offset {inside[0]} is strictly inside this forward [{c.offset},{c.offset + n}) "
                     f"for the {c.kind} layer {c.layer}: cut the forward there"
                 )
-    before_write(caches, n)
+    if not views_copied:
+        before_write(caches, n)
     logits = model(x, cache=list(caches))
     for c in caches:
         if c is not None:
