@@ -193,7 +193,7 @@ def markdown(rows, checks, lazy, geoms, args, command, started, elapsed, info0, 
         "before the last prompt token, the finished request's cache as an \"assistant\" entry, "
         "`--prompt-cache-bytes` applied through `trim_to` with in-flight caches counted.",
         "- **held**: bytes the cache holds after the workload — ours: paged-out snapshots + live layer "
-        "caches (lazy views of the live buffer count 0; the live buffers hold no growth slack at rest); "
+        "caches (lazy views of the live buffer count 0; a live buffer's growth slack at rest is at most 1/16 of its rows, kv.py `fit`); "
         "LRU: its entries (`LRUPromptCache.nbytes`, deep copies of whole caches). **B/token**: held / "
         "distinct tokens covered (ours: trie edge tokens; LRU: distinct prefixes of its entries' keys).",
         "- **max matched-resume**: over our requests (ample budget row: ours at ample; tight: ours at "

@@ -15,7 +15,7 @@ the workload before it runs (responses as placeholders of the right length). Our
 caches are not budgeted, as in the reference design); mlx-lm's server budget (``--prompt-cache-bytes``)
 counts in-flight caches against the total, and an LRU entry *is* the last request's cache, so LRU gets
 ``max_bytes = tight + one live cache at the workload's longest context`` (exact rows: the server's
-extracted caches and our fitted live buffers hold no growth slack).
+extracted caches hold no growth slack, our fitted live buffers at most 1/16 of their rows).
 
 Peak MLX active memory per runner: around each request, ``peak - active_before + held_before`` (the
 runner's own state and temporaries, excluding what other runners hold) plus the weights; the maximum

@@ -289,7 +289,7 @@ class Engine:
 
     def _reserve(self, rows: int) -> None:
         """Each layer cache's reserve hint (caches/base.py): a KV buffer's last growth stops at the
-        request's rows, so close has no growth slack to copy away (kv.py fit)."""
+        request's rows, so close has little or no growth slack to copy away (kv.py fit)."""
         for c in self.caches:
             if c is not None:
                 c.reserve(rows)

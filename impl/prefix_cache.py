@@ -303,7 +303,7 @@ class PrefixCache:
             req, self.request = self.request, None
             self._evict()
             for c in (c for c in self.caches if c is not None and c.kind == "kv"):
-                c.fit()                                      # no growth slack held at rest (kv.py)
+                c.fit()                                      # growth slack at rest: bounded (kv.py)
         req.stats.evictions = self.evictions - req.evictions_before
         self.bookkeeping_s += time.perf_counter() - t0
         self._checked("close", before)

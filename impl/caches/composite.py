@@ -223,7 +223,7 @@ class KVListCache(_ListMixin, LayerCache, mlx_cache.CacheList):
             c.reserve(rows)
 
     def fit(self) -> int:
-        """Each KV part's fit (kv.py): no growth slack held at rest."""
+        """Each KV part's fit (kv.py): growth slack at rest bounded."""
         return sum(c.fit() for c in self.caches if hasattr(c, "fit"))
 
     def adopt(self, snap) -> bool:

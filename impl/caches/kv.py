@@ -21,7 +21,8 @@ Invariants (REFERENCE.md rule ids):
   own size.
 - Owned size = rows x (bytes per row of K + bytes per row of V); a lazy view owns 0.
 - Growth: the buffer grows in ``step`` rows as mlx-lm's does, except that the growth reaching a
-  request's reserved rows (``reserve``) stops there; at rest (``fit``) it holds exactly the rows in use.
+  request's reserved rows (``reserve``) stops there; at rest (``fit``) it holds the rows in use plus
+  at most 1/``rest_slack`` of them as slack (dropping fewer rows is not worth a copy of all of them).
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
 
     kind = "kv"
     step = 256
+    rest_slack = 16     # at rest a buffer keeps at most need // rest_slack rows beyond those in use (fit)
 
     def __init__(self, layer: Optional[int] = None):
         super().__init__(layer)
@@ -300,16 +302,18 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
             s.on_materialise(-size)
 
     def fit(self) -> int:
-        """Release the buffer's growth slack at rest: keep exactly the rows still needed (the live
-        offset and every outstanding view's end), so held bytes are rows x row bytes. Returns the
-        bytes released. The next write grows the buffer again in ``step`` rows. Ends the reservation.
+        """Release the buffer's growth slack at rest: keep the rows still needed (the live offset and
+        every outstanding view's end) and, when the slack beyond them is at most need // rest_slack
+        rows, keep that too (dropping it copies every needed row, and a next turn that appends would
+        grow by another copy); past that, copy exactly the needed rows, so held bytes at rest stay
+        within 1 + 1/rest_slack of rows x row bytes. Returns the bytes released. Ends the reservation.
         A request that wrote all the rows it reserved left no slack: nothing to copy."""
         self._reserved = 0
         if self.keys is None:
             return 0
         need = max([self.offset] + [s.end for s in self._views])
         before = self.nbytes
-        if need >= self.keys.shape[2]:
+        if self.keys.shape[2] - need <= need // self.rest_slack:
             return 0
         if need == 0:
             self.keys = self.values = None

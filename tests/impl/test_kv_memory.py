@@ -2,9 +2,10 @@
 
 After every request of an interleaved chat on SmolLM2 (conversation switches overwrite the live rows, so
 the other conversation's views materialise; switching back restores them), the bytes held — the trie's
-owned snapshots plus the live layer buffers — equal the raw K/V bytes of the distinct tokens the trie
-holds, exactly: a restored snapshot is a view of the live rows again (never a second copy) and the live
-buffer keeps no growth slack at rest. Also at a tight budget, where the counter is what eviction sees.
+owned snapshots plus the live layer buffers' rows in use — equal the raw K/V bytes of the distinct tokens
+the trie holds, exactly: a restored snapshot is a view of the live rows again (never a second copy). A live
+buffer's growth slack at rest is at most 1/rest_slack of its rows in use (kv.py fit: dropping fewer is not
+worth copying them all). Also at a tight budget, where the counter is what eviction sees.
 """
 from __future__ import annotations
 
@@ -32,6 +33,26 @@ def held(e) -> int:
     return e.pc.counter + sum(c.nbytes for c in e.caches if c is not None)
 
 
+def in_use(c) -> int:
+    """The rows a live KV buffer must keep: its offset and every outstanding view's end."""
+    return max([c.offset] + [s.end for s in c._views])
+
+
+def slack_bytes(e) -> int:
+    """Bytes of live buffer rows past those in use, each buffer's slack checked against fit's bound."""
+    total = 0
+    for c in kv_caches(e):
+        cap = c.keys.shape[2] if c.keys is not None else 0
+        assert cap - in_use(c) <= in_use(c) // c.rest_slack, (cap, in_use(c))
+        total += (cap - in_use(c)) * (c.keys.nbytes + c.values.nbytes) // cap if cap else 0
+    return total
+
+
+def exact(e) -> bool:
+    """Held bytes = raw K/V bytes of the distinct cached tokens + the bounded slack."""
+    return held(e) == distinct(e) * row_bytes(e) + slack_bytes(e)
+
+
 def distinct(e) -> int:
     return sum(len(n.edge) for n in walk(e.pc.root) if n is not e.pc.root)
 
@@ -54,7 +75,7 @@ def test_every_cached_token_is_held_once(attention, budget):
     for name, r in chat(e):
         restored += r.stats.resumed > len(SYSTEM)            # switching back resumed past the shared prefix
         evicted += r.stats.evictions
-        assert held(e) == distinct(e) * row_bytes(e), (name, e.dump())
+        assert exact(e), (name, e.dump())
     if budget:
         assert restored >= 3                                 # the switches did restore stored rows
     else:
@@ -72,7 +93,7 @@ def test_restore_turns_owned_copies_back_into_views(attention):
     next(it)                                                 # A2 resumes on A's branch
     path_snaps = [s for n in e.pc.path[1:] for s in n.snaps if s is not None]
     assert path_snaps and all(s.lazy and s.size == 0 for s in path_snaps)
-    assert held(e) == distinct(e) * row_bytes(e)
+    assert exact(e)
 
 
 def kv_caches(e):
@@ -96,9 +117,28 @@ def test_a_request_that_runs_to_max_tokens_leaves_no_slack_to_copy(attention, mo
     released.clear()
     calls = iter(range(100))
     e.generate(prompt + [9, 9], max_tokens=6, stop_at_eos=False, cancel=lambda: next(calls) >= 3)
-    assert any(released)                                     # stopped early: the unused reserved rows went
+    assert any(released)                                     # stopped far early: the unused reserved rows went
     assert all(c.keys.shape[2] == c.offset for c in kv_caches(e))
-    assert held(e) == distinct(e) * row_bytes(e)
+    assert exact(e)
+
+
+def test_a_request_that_stops_a_row_short_keeps_that_slack_instead_of_copying(attention, monkeypatch):
+    """fit keeps slack of at most need // rest_slack rows: dropping one row would copy all of them."""
+    from impl.caches import kv
+
+    released = []
+    fit = kv.SnapshotKVCache.fit
+    monkeypatch.setattr(kv.SnapshotKVCache, "fit", lambda self: released.append(fit(self)) or released[-1])
+    e = Engine(attention, check_rules=True, chunk_size=16, capture_interval=0)
+    prompt = SYSTEM + [5, 6, 7]
+    got = []
+    e.generate(prompt, max_tokens=4, stop_at_eos=False, on_token=got.append, cancel=lambda: len(got) >= 3)
+    rows = len(prompt) - 1 + 4                               # reserved
+    assert len(got) == 3 and all(c.offset == rows - 1 for c in kv_caches(e))
+    assert 1 <= (rows - 1) // kv.SnapshotKVCache.rest_slack
+    assert all(c.keys.shape[2] == rows for c in kv_caches(e))   # the one unused row is kept ...
+    assert released and not any(released)                   # ... and nothing was copied to drop it
+    assert exact(e)
 
 
 def test_a_reservation_never_grows_a_buffer_past_the_step_rule(attention):
