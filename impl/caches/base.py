@@ -40,6 +40,8 @@ from __future__ import annotations
 import itertools
 from typing import Callable, Optional
 
+from .evaluation import evaluate
+
 KINDS = ("kv", "windowed", "recurrent")
 
 _live = 0
@@ -118,6 +120,25 @@ class Snapshot:
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("lazy" if self.lazy else f"{self.size}B")
         return f"<{type(self).__name__} {self.kind} [{self.start},{self.end}) layer={self.layer} {state}>"
+
+
+class RowsSnapshot(Snapshot):
+    """A whole-state snapshot that is a layer's K/V rows at one offset (windowed, chunked): owned
+    copies, never views of the live buffer."""
+
+    def __init__(self, offset, keys, values, layer=None):
+        super().__init__(offset, offset, layer)
+        self.keys, self.values = keys, values
+
+    @property
+    def size(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+    def payload(self):
+        return self.keys, self.values
+
+    def _release(self) -> None:
+        self.keys = self.values = None
 
 
 class _NoBatching:
@@ -203,6 +224,16 @@ class LayerCache:
         its last growth to it (kinds of bounded size ignore it). Changes no state a reader sees."""
 
     # --- shared argument checks --------------------------------------------------------------
+    def _absorbed(self, n_tokens: int) -> None:
+        """T3: the forward that just finished wrote exactly n_tokens rows into this layer; resets the
+        count (``_since_boundary``, kept by the write path) for the next forward."""
+        if self._since_boundary != n_tokens:
+            raise CacheError(
+                f"T3: layer {self.layer} absorbed {self._since_boundary} tokens in this forward, "
+                f"the driver says {n_tokens}"
+            )
+        self._since_boundary = 0
+
     def _check_target(self, target) -> None:
         if not isinstance(target, int) or isinstance(target, bool):
             raise CacheError(f"target offset must be an int, got {target!r}")
@@ -230,9 +261,16 @@ class LayerCache:
 
 class WholeStateCache(LayerCache):
     """What the two whole-state kinds (windowed, recurrent) share: a snapshot is the state at one
-    offset, taken only at a write boundary (subclasses provide `_capture(base, offset)`,
-    `_eval_captures()` and a `_sched` CaptureSchedule); merging keeps the newer state (G2) and
-    splitting leaves it on the tail (S4)."""
+    offset, taken only at a write boundary (subclasses provide `_capture(base, offset)`, which adds
+    the new snapshot to `_unevaluated`, and a `_sched` CaptureSchedule); merging keeps the newer state
+    (G2) and splitting leaves it on the tail (S4)."""
+
+    def _eval_captures(self) -> None:
+        """Evaluate the captures taken since the last call (batched inside a deferred_eval block)."""
+        live = [s.payload() for s in self._unevaluated if not s.closed]
+        if live:
+            evaluate(live)
+        self._unevaluated = []
 
     def snapshot(self, start: int) -> Optional[Snapshot]:
         self._check_target(start)

@@ -25,24 +25,16 @@ from typing import Optional
 import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
 
-from .base import CacheError, Snapshot, WholeStateCache
+from .base import CacheError, RowsSnapshot, WholeStateCache
 from .captures import CaptureSchedule
-from .evaluation import evaluate
 
 
-class ChunkSnapshot(Snapshot):
+class ChunkSnapshot(RowsSnapshot):
     kind = "recurrent"
 
     def __init__(self, offset, keys, values, start_position, layer=None):
-        super().__init__(offset, offset, layer)
-        self.keys, self.values, self.start_position = keys, values, start_position
-
-    @property
-    def size(self) -> int:
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
-
-    def _release(self) -> None:
-        self.keys = self.values = None
+        super().__init__(offset, keys, values, layer)
+        self.start_position = start_position
 
 
 class ChunkedCache(WholeStateCache, mlx_cache.ChunkedKVCache):
@@ -79,12 +71,6 @@ class ChunkedCache(WholeStateCache, mlx_cache.ChunkedKVCache):
         self._unevaluated.append(s)
         return s
 
-    def _eval_captures(self) -> None:
-        live = [(s.keys, s.values) for s in self._unevaluated if not s.closed]
-        if live:
-            evaluate(live)                                # batched inside a deferred_eval block
-        self._unevaluated = []
-
     def can_restore(self, snap, target: int) -> bool:
         self._check_target(target)
         if snap is None:
@@ -117,14 +103,9 @@ class ChunkedCache(WholeStateCache, mlx_cache.ChunkedKVCache):
         self._since_boundary = 0
 
     def finish_forward(self, n_tokens: int) -> None:
-        if self._since_boundary not in (0, n_tokens):
-            raise CacheError(
-                f"T3: layer {self.layer} absorbed {self._since_boundary} tokens in this forward, "
-                f"the driver says {n_tokens}"
-            )
         if self._since_boundary == 0:      # a forward that did not reach this layer's attention
             raise CacheError(f"T3: chunked layer {self.layer} saw no write in a forward of {n_tokens}")
-        self._since_boundary = 0
+        self._absorbed(n_tokens)
         if self._sched.active:
             inside = self._sched.pending_in(self.offset - n_tokens + 1, self.offset - 1)
             if inside:

@@ -383,12 +383,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self._reserved = 0
 
     def finish_forward(self, n_tokens: int) -> None:
-        if self._since_boundary != n_tokens:
-            raise CacheError(
-                f"T3: layer {self.layer} absorbed {self._since_boundary} tokens in this forward, "
-                f"the driver says {n_tokens}"
-            )
-        self._since_boundary = 0
+        self._absorbed(n_tokens)
 
     @property
     def outstanding_views(self) -> int:

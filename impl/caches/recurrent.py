@@ -27,7 +27,6 @@ from mlx_lm.models import cache as mlx_cache
 
 from .base import CacheError, Snapshot, WholeStateCache
 from .captures import CaptureSchedule
-from .evaluation import evaluate
 
 
 class StateSnapshot(Snapshot):
@@ -41,6 +40,9 @@ class StateSnapshot(Snapshot):
     @property
     def size(self) -> int:
         return 0 if self.arrays is None else self._nbytes
+
+    def payload(self):
+        return self.arrays
 
     def _release(self) -> None:
         self.arrays = None
@@ -123,12 +125,6 @@ class RecurrentCache(WholeStateCache, mlx_cache.ArraysCache):
         s = StateSnapshot(o, arrays, self.layer)
         self._unevaluated.append(s)
         return s
-
-    def _eval_captures(self) -> None:
-        live = [s.arrays for s in self._unevaluated if not s.closed]
-        if live:
-            evaluate(live)                                # batched inside a deferred_eval block
-        self._unevaluated = []
 
     def can_restore(self, snap: Optional[StateSnapshot], target: int) -> bool:
         self._check_target(target)

@@ -28,26 +28,13 @@ import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models.base import create_causal_mask
 
-from .base import CacheError, Snapshot, WholeStateCache
+from .base import CacheError, RowsSnapshot, WholeStateCache
 from .captures import CaptureSchedule
-from .evaluation import evaluate
 from .masks import span_mask, spans_touching
 
 
-class WindowSnapshot(Snapshot):
+class WindowSnapshot(RowsSnapshot):
     kind = "windowed"
-
-    def __init__(self, offset, keys, values, layer=None):
-        super().__init__(offset, offset, layer)
-        self.keys = keys
-        self.values = values
-
-    @property
-    def size(self) -> int:
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
-
-    def _release(self) -> None:
-        self.keys = self.values = None
 
 
 class WindowedCache(WholeStateCache, mlx_cache.RotatingKVCache):
@@ -233,12 +220,6 @@ class WindowedCache(WholeStateCache, mlx_cache.RotatingKVCache):
         self._unevaluated.append(s)
         return s
 
-    def _eval_captures(self) -> None:
-        live = [s for s in self._unevaluated if not s.closed]
-        if live:
-            evaluate([(s.keys, s.values) for s in live])  # batched inside a deferred_eval block
-        self._unevaluated = []
-
     def can_restore(self, snap: Optional[WindowSnapshot], target: int) -> bool:
         self._check_target(target)
         if snap is None:
@@ -283,10 +264,5 @@ class WindowedCache(WholeStateCache, mlx_cache.RotatingKVCache):
         self._since_boundary = 0
 
     def finish_forward(self, n_tokens: int) -> None:
-        if self._since_boundary != n_tokens:
-            raise CacheError(
-                f"T3: layer {self.layer} absorbed {self._since_boundary} tokens in this forward, "
-                f"the driver says {n_tokens}"
-            )
-        self._since_boundary = 0
+        self._absorbed(n_tokens)
         self._eval_captures()
