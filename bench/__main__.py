@@ -34,7 +34,7 @@ def parse(argv):
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"), help="markdown report ('' = none)")
     ap.add_argument("--png", default=str(ROOT / "docs" / "benchmarks.png"), help="chart ('' = none)")
     ap.add_argument("--json", default=str(ROOT / "reports" / "bench.json"), help="raw figures ('' = none)")
-    ap.add_argument("--lazy-steps", type=int, default=16, help="decode steps for bench/lazy_views.py (0 = skip)")
+    ap.add_argument("--lazy-steps", type=int, default=16, help="decode steps for bench/lazy_views.py on SmolLM2 (qwen3next: 5x; 0 = skip)")
     ap.add_argument("--fifty-turns", type=int, default=50, help="turns of bench/fifty_turns.py's table (0 = skip)")
     ap.add_argument("--tight-fraction", type=float, default=0.5)
     ap.add_argument("--chunk", type=int, default=512)
@@ -207,7 +207,8 @@ def markdown(rows, checks, lazy, geoms, args, command, started, elapsed, info0, 
         "prefix cache's verbs + copying out the lazy snapshots a forward overwrites (`before_write`, timed "
         "apart from the model's forward; docs/caches.md).",
         "- **lazy views step ratio**: bench/lazy_views.py — a decode step with 50 outstanding lazy KV "
-        "views per layer over one with none (median of alternating steps).",
+        "views per layer over one with none (median of alternating steps; `--lazy-steps` of them on "
+        "SmolLM2, 5x as many on qwen3next, whose steps are ~1 ms).",
         "",
         "## Per row details",
         "",
