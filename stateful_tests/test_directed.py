@@ -383,19 +383,3 @@ def test_resume_sources_come_from_nodes_before_the_match():
     (as the spec does): both resume at 0 and agree."""
     s = windowed_program(([1, 2, 3], [4]), ([1, 2, 4, 4], [1]), ([3, 3, 3, 3, 3, 3, 3], [3]), ([1, 2, 3], [1]))
     s.teardown()
-
-
-def test_victim_builds_e3s_full_key_only_for_the_oldest_nodes(monkeypatch):
-    """_victim picks what E3's full order picks over every evictable node, but computes the full key
-    (bytes over every layer) only for the nodes with the oldest last_used (a 35x cost on 30 layers)."""
-    pc, tracer = cache()
-    for c in range(12):
-        run(pc, tracer, (1, 2, 3, 4, 10 + c, 20 + c % 3, 30 + c), produce=(5, 6))
-    nodes = [n for n in walk(pc.root) if pc.evictable(n)]
-    expected = min(nodes, key=lambda n: (pc.evict_order(n), n.path_keys()))
-    oldest = [n for n in nodes if n.last_used == min(m.last_used for m in nodes)]
-    keyed = []
-    order = type(pc).evict_order
-    monkeypatch.setattr(type(pc), "evict_order", lambda self, n: keyed.append(n) or order(self, n))
-    assert len(nodes) > 10 and pc._victim() is expected
-    assert keyed == oldest
