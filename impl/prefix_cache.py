@@ -340,11 +340,9 @@ class PrefixCache:
         return (n.last_used, -n.end, -n.bytes())
 
     def _victim(self) -> Node | None:
-        cands = [n for n in walk(self.root) if self.evictable(n)]
-        if not cands:
+        keyed = [(self.evict_order(n), n) for n in walk(self.root) if self.evictable(n)]
+        if not keyed:
             return None
-        oldest = min(n.last_used for n in cands)          # E3's first key: the full key only for those
-        keyed = [(self.evict_order(n), n) for n in cands if n.last_used == oldest]
         best = min(k for k, _ in keyed)
         tied = [n for k, n in keyed if k == best]
         return tied[0] if len(tied) == 1 else min(tied, key=Node.path_keys)
