@@ -15,16 +15,18 @@ Invariants kept here (REFERENCE rule ids):
       views by arithmetic), the child's whole-state, user flag and the newer
       last-used time survive.
   A1  `counter` equals the owned bytes of the snapshots held by nodes: every
-      snapshot a node holds reports materialisation through a hook into it.
+      snapshot a node holds reports materialisation through a hook into it,
+      which also keeps the node's own total (`Node.bytes`, read by eviction).
   A2  a snapshot leaves a node only to another node or to release(), once.
 """
 from __future__ import annotations
 
 import time
+from functools import partial
 
 
 class Node:
-    __slots__ = ("edge", "start", "parent", "children", "snaps", "last_used", "used_at", "user")
+    __slots__ = ("edge", "start", "parent", "children", "snaps", "last_used", "used_at", "user", "held")
 
     def __init__(self, edge: tuple, start: int, n_layers: int, parent: "Node | None" = None, last_used: int = 0):
         self.edge = edge
@@ -35,6 +37,7 @@ class Node:
         self.last_used = last_used        # logical clock (eviction order)
         self.used_at = time.monotonic()   # wall time, for dumps only
         self.user = False
+        self.held = 0                     # owned bytes of `snaps`, kept by Trie.own/disown and the hook
 
     @property
     def end(self) -> int:
@@ -48,7 +51,9 @@ class Node:
         return tuple(k for edge in reversed(parts) for k in edge)
 
     def bytes(self) -> int:
-        return sum(s.size for s in self.snaps if s is not None)
+        """Owned bytes of this node's snapshots (their sizes' sum, kept as they change: E3 reads it
+        for every evictable node on every victim)."""
+        return self.held
 
     def __repr__(self) -> str:
         return f"<Node [{self.start}, {self.end})>"
@@ -102,19 +107,22 @@ class Trie:
         self.counter = 0
 
     # --- ownership (A1, A2) ---
-    def _grew(self, delta: int) -> None:
+    def _grew(self, node: Node, delta: int) -> None:
+        node.held += delta
         self.counter += delta
 
     def own(self, node: Node, i: int, snap) -> None:
         assert node.snaps[i] is None, f"layer {i} of {node} already held"
         node.snaps[i] = snap
+        node.held += snap.size
         self.counter += snap.size
-        snap.on_materialise = self._grew
+        snap.on_materialise = partial(self._grew, node)
 
     def disown(self, node: Node, i: int):
         snap = node.snaps[i]
         node.snaps[i] = None
         snap.on_materialise = None
+        node.held -= snap.size
         self.counter -= snap.size
         return snap
 

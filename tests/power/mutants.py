@@ -346,7 +346,7 @@ def a1_spec(mp):                             # materialised bytes never reach th
 
 
 def a1_impl(mp):
-    mp.setattr(ImplTrie, "_grew", lambda self, delta: None)
+    mp.setattr(ImplTrie, "_grew", lambda self, node, delta: None)
 
 
 def a2_spec(mp):                             # an evicted leaf's snapshots are never released
