@@ -219,6 +219,11 @@ class LayerCache:
         overwrite (as the write itself would), so a driver can batch all layers' copies into one MLX
         evaluation; kinds without lazy snapshots have nothing to do. Changes no state a reader sees."""
 
+    def would_copy(self, n: int) -> bool:
+        """True when ``before_write(n)`` has a lazy snapshot to copy out (so a driver enters its batched
+        evaluation only then: once per decode step otherwise). Changes no state."""
+        return False
+
     def reserve(self, rows: int) -> None:
         """A hint for the open request: it writes up to `rows` rows in all; a growing buffer may size
         its last growth to it (kinds of bounded size ignore it). Changes no state a reader sees."""

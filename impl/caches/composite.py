@@ -118,6 +118,9 @@ class _ListMixin:
         for c in self.caches:
             c.before_write(n)
 
+    def would_copy(self, n: int) -> bool:
+        return any(c.would_copy(n) for c in self.caches)
+
     def _check_parts(self, snap) -> None:
         self._check_snapshot(snap)
         if len(snap.parts) != len(self.caches):

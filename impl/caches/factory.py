@@ -65,7 +65,10 @@ def layer_kinds(caches: Sequence[Optional[LayerCache]]) -> list[Optional[str]]:
 
 def before_write(caches: Sequence[Optional[LayerCache]], n: int) -> None:
     """Copy out every lazy snapshot the next forward of n rows overwrites, all layers in one MLX
-    evaluation (a layer's own write would evaluate its copies alone, one evaluation per layer)."""
+    evaluation (a layer's own write would evaluate its copies alone, one evaluation per layer). Most
+    forwards (decode steps) overwrite none: then it returns without opening the evaluation block."""
+    if not any(c is not None and c.would_copy(n) for c in caches):
+        return
     with deferred_eval():
         for c in caches:
             if c is not None:

@@ -200,6 +200,10 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
     def before_write(self, n: int) -> None:
         self._before_overwrite(self.offset, self.offset + n)
 
+    def would_copy(self, n: int) -> bool:
+        p = self.offset
+        return bool(self._views) and p < self._views_max_end and any(s.start < p + n and s.end > p for s in self._views)
+
     def _before_overwrite(self, p: int, q: int) -> None:
         """Materialise every outstanding view overlapping slots [p, q)."""
         if not self._views or p >= self._views_max_end:

@@ -394,3 +394,29 @@ def test_before_write_copies_every_layers_overwritten_views_in_one_evaluation(mo
         np.testing.assert_array_equal(k, ek)
         np.testing.assert_array_equal(v, ev)
         s.release()
+
+
+@settings(max_examples=60, deadline=None)
+@given(length=st.integers(1, 12), starts=st.lists(st.integers(0, 11), max_size=4), rewind=st.integers(0, 12),
+       n=st.integers(1, 6))
+def test_would_copy_says_exactly_whether_before_write_has_a_view_to_copy(length, starts, rewind, n):
+    """``would_copy(n)`` is True exactly when the next write of n rows overwrites an outstanding lazy
+    view; when it is False, factory.before_write evaluates nothing and every view stays lazy (the
+    decode-step fast path), and when it is True the views it copies are the overlapping ones."""
+    from impl.caches.factory import before_write
+    from tests.support.evaluations import count_evaluations
+
+    c = KVCache(layer=0)
+    write(c, 0, length)
+    views = [c.snapshot(a) for a in starts if a < length]
+    assert c.restore(None, min(rewind, length))
+    p = c.offset
+    overlapping = {id(s) for s in views if s.start < p + n and s.end > p}
+    assert c.would_copy(n) == bool(overlapping)
+    with pytest.MonkeyPatch.context() as mp:
+        evals = count_evaluations(mp)
+        before_write([None, c], n)
+    assert len(evals) == (1 if overlapping else 0)
+    assert {id(s) for s in views if not s.lazy} == overlapping
+    for s in views:
+        s.release()
