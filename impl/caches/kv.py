@@ -35,7 +35,7 @@ from mlx_lm.models.cache import create_attention_mask
 
 from .base import CacheError, LayerCache, MergeError, Snapshot
 from .captures import CaptureSchedule
-from .evaluation import evaluate
+from .evaluation import evaluate, evaluate_copy
 from .masks import span_mask, spans_touching
 
 
@@ -84,7 +84,7 @@ class KVSnapshot(Snapshot):
         self.keys = _copy_rows(c.keys, self.start, self.end)
         self.values = _copy_rows(c.values, self.start, self.end)
         if now:
-            evaluate(self.keys, self.values)
+            evaluate_copy(self.keys, self.values)
         c._views.discard(self)
         self._cache = None
         if self.on_materialise is not None:
@@ -221,7 +221,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         for s in views:
             s._materialise(now=False)
         if views:
-            evaluate(*[a for s in views for a in (s.keys, s.values)])
+            evaluate_copy(*[a for s in views for a in (s.keys, s.values)])
 
     def _view(self, start: int, end: int) -> Optional[KVSnapshot]:
         if self.keys is None or end <= start:
@@ -350,7 +350,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
             k = mx.concatenate([ka, kb], axis=2)
             v = mx.concatenate([va, vb], axis=2)
             if a._cache is not None or b._cache is not None:
-                evaluate(k, v)       # rows read from a live buffer: copied before it is written again
+                evaluate_copy(k, v)  # rows read from a live buffer: copied before it is written again
             # two owned inputs: left to MLX's lazy evaluation (computed when first read, never when the
             # merged snapshot is released first; the inputs' arrays stay referenced until then)
             merged = KVSnapshot(a.start, b.end, a.layer, keys=k, values=v)

@@ -420,3 +420,39 @@ def test_would_copy_says_exactly_whether_before_write_has_a_view_to_copy(length,
     assert {id(s) for s in views if not s.lazy} == overlapping
     for s in views:
         s.release()
+
+
+def test_a_page_in_that_copies_views_out_writes_the_live_buffer_in_place():
+    """Inside one deferred evaluation, a restore that overwrites lazy views copies them out and writes
+    the snapshot's rows in. The copies are evaluated first (evaluation.evaluate_copy), so the write
+    finds the buffer unshared and updates it in place: the page-in's peak is the views' copies, not a
+    second whole buffer (MLX copies a buffer for a write while a pending copy still reads it). The
+    peak is asserted on the CPU (CI's device), where it is exact; the rows everywhere."""
+    from impl.caches.evaluation import deferred_eval
+
+    n = 4096
+    live, other = KVCache(layer=0), KVCache(layer=0)
+    write(live, 0, n)
+    write(other, 1, n)
+    view = live.snapshot(n - 256)                         # lazy: the last 256 rows of the live buffer
+    owned = other.snapshot(n - 256)
+    other.free()                                          # the snapshot copies its rows out: owned now
+    assert view.lazy and not owned.lazy
+    assert live.restore(None, n - 256)
+    buffer = live.keys.nbytes + live.values.nbytes
+    mx.eval(live.keys, live.values)
+    mx.synchronize()
+    mx.reset_peak_memory()
+    base = mx.get_active_memory()
+    with deferred_eval():
+        assert live.restore(owned, n)
+    peak = mx.get_peak_memory() - base
+    assert not view.lazy and owned.lazy                  # the view copied out; the snapshot adopted
+    if mx.default_device() == mx.cpu:    # a GPU backend may release the copies' temporaries a little after
+        assert peak < view.size + buffer // 2, f"page-in peak {peak} B: a whole buffer ({buffer} B) was copied"
+    gens = [0] * n
+    np.testing.assert_array_equal(snap_rows(view)[0], expect(gens, n - 256, n)[0])
+    gens[n - 256:] = [1] * 256
+    np.testing.assert_array_equal(live_rows(live)[0], expect(gens, 0, n)[0])
+    view.release()
+    owned.release()
