@@ -54,6 +54,8 @@ class PrefixCache:
         if budget < 0:
             raise ValueError(f"budget {budget} < 0")
         self.caches = list(caches)
+        self._stateful = tuple(i for i, c in enumerate(self.caches) if c is not None)
+        self._kv = tuple((i, c) for i, c in enumerate(self.caches) if c is not None and c.kind == "kv")
         self.trie = Trie(self.caches)
         self.budget, self.interval, self.near_end = budget, interval, near_end
         self.check = check
@@ -87,10 +89,10 @@ class PrefixCache:
 
     @property
     def whole_state(self) -> bool:
-        return any(c is not None and c.kind != "kv" for c in self.caches)
+        return len(self._kv) < len(self._stateful)
 
-    def stateful(self):
-        return [i for i, c in enumerate(self.caches) if c is not None]
+    def stateful(self) -> tuple:
+        return self._stateful
 
     def touch(self, node: Node) -> None:
         self.clock += 1
@@ -173,11 +175,10 @@ class PrefixCache:
     def _resume(self, path: list, matched: int, common: int, spans) -> int:
         """The largest x <= matched that every layer can reach and that is not
         strictly inside a non-causal span. Feasible sets are unions of points
-        and prefixes [0, b], so the maximum is a point, a bound, or a span start."""
+        and prefixes [0, b], so the maximum is a point, a bound, or a span start
+        (a snapshot's bound is its node's end: S1, S2)."""
         cands = {matched, common, self.offset}
-        for n in path[1:]:
-            cands.add(n.end)
-            cands.update(s.end for s in n.snaps if s is not None)
+        cands.update(n.end for n in path[1:])
         cands.update(a for a, _ in spans)
         for x in sorted((c for c in cands if c <= matched), reverse=True):
             if _inside(x, spans) is None and all(self._reachable(i, path, x, common) for i in self.stateful()):
@@ -302,7 +303,7 @@ class PrefixCache:
             self.touch(self.frontier)
             req, self.request = self.request, None
             self._evict()
-            for c in (c for c in self.caches if c is not None and c.kind == "kv"):
+            for _, c in self._kv:
                 c.fit()                                      # growth slack at rest: bounded (kv.py)
         req.stats.evictions = self.evictions - req.evictions_before
         self.bookkeeping_s += time.perf_counter() - t0
@@ -313,12 +314,11 @@ class PrefixCache:
     def _adopt_path(self) -> None:
         """No row held twice: owned KV on the active path below the offset becomes a view of the live
         rows, which hold the path's tokens (spec adopt_path)."""
-        kv = [(i, c) for i, c in enumerate(self.caches) if c is not None and c.kind == "kv"]
         for n in self.path[1:]:
-            for i, c in kv:
+            for i, c in self._kv:
                 s = n.snaps[i]
-                if s is not None:
-                    c.adopt(s)                               # refuses a view, or rows past the offset
+                if s is not None and not s.lazy:             # most are views already
+                    c.adopt(s)                               # refuses rows past the offset
 
     def _compact(self) -> None:
         """P2: merge each non-user single-child node of the active path that holds no whole-state snapshot."""
