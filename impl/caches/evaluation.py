@@ -10,9 +10,9 @@ Copies read out of a live buffer go through ``evaluate_copy``: at the block's en
 first, then the rest. A write into a buffer that a pending copy still reads cannot update it in place,
 so MLX copies the whole buffer for it; evaluated first, the copies have let go of the buffer by the
 time the write runs. (Scheduling them first with ``mx.async_eval`` is not enough: MLX decides to write
-in place when it dispatches the write, and the copies may not have finished by then.) On SmolLM2's 30 layers (a 320-row buffer,
-80 rows copied out and 80 written in) that halves the page-in: 1.8 -> 0.9 ms on the CPU
-(docs/caches.md).
+in place when it dispatches the write, and the copies may not have finished by then.) On SmolLM2's 30
+layers (a 320-row buffer, 80 rows copied out and 80 written in) that halves the page-in: 1.8 -> 0.9 ms
+on the CPU (docs/caches.md).
 """
 from __future__ import annotations
 
@@ -37,11 +37,10 @@ def evaluate_copy(*arrays) -> None:
 
 
 class deferred_eval:
-    """``with deferred_eval():`` collects the copies made in the block and evaluates them at its end, those
-    of ``evaluate_copy`` first (also when the block raises); a nested block leaves them to the
-    outer one. A class, not a
-    ``contextlib.contextmanager`` generator: entered once per forward (``before_write``), the generator
-    cost 12-24 us right after a forward on the CPU against about 4 us for this (docs/caches.md)."""
+    """``with deferred_eval():`` collects the copies made in the block and evaluates them at its end,
+    those of ``evaluate_copy`` first (also when the block raises); a nested block leaves them to the
+    outer one. A class, not a ``contextlib.contextmanager`` generator: right after a forward on the
+    CPU the generator cost 12-24 us against about 4 us for this (docs/caches.md)."""
 
     __slots__ = ("outer",)
 

@@ -201,8 +201,8 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self._before_overwrite(self.offset, self.offset + n)
 
     def would_copy(self, n: int) -> bool:
-        p = self.offset
-        return bool(self._views) and p < self._views_max_end and any(s.start < p + n and s.end > p for s in self._views)
+        p, q = self.offset, self.offset + n
+        return bool(self._views) and p < self._views_max_end and any(s.start < q and s.end > p for s in self._views)
 
     def _before_overwrite(self, p: int, q: int) -> None:
         """Materialise every outstanding view overlapping slots [p, q)."""
