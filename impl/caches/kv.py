@@ -201,15 +201,20 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self._before_overwrite(self.offset, self.offset + n)
 
     def would_copy(self, n: int) -> bool:
-        p, q = self.offset, self.offset + n
-        return bool(self._views) and p < self._views_max_end and any(s.start < q and s.end > p for s in self._views)
+        return bool(self._overlapping(self.offset, self.offset + n))
+
+    def _overlapping(self, p: int, q: int) -> list:
+        """The outstanding views overlapping slots [p, q) (none past every view's end: the common case)."""
+        if not self._views or p >= self._views_max_end:
+            return []
+        return [s for s in self._views if s.start < q and s.end > p]
 
     def _before_overwrite(self, p: int, q: int) -> None:
         """Materialise every outstanding view overlapping slots [p, q)."""
-        if not self._views or p >= self._views_max_end:
-            return
-        self._materialise_views([s for s in self._views if s.start < q and s.end > p])
-        self._views_max_end = max((s.end for s in self._views), default=0)
+        views = self._overlapping(p, q)
+        if views:
+            self._materialise_views(views)
+            self._views_max_end = max((s.end for s in self._views), default=0)
 
     def _materialise_all(self) -> None:
         self._materialise_views(list(self._views))
