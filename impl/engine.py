@@ -30,7 +30,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from impl.caches.factory import before_write, forward
+from impl.caches.evaluation import deferred_eval
+from impl.caches.factory import before_write, copying, forward
 from impl.media import BadRequest, keys_of, noncausal_spans, validate_media
 from impl.memory import mlx_memory
 from impl.prefix_cache import PrefixCache
@@ -110,6 +111,7 @@ class Engine:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.chunk_size = chunk_size
         self.caches = loaded.make_caches()
+        self._copying = copying(self.caches)     # the caches before_write asks (kinds with lazy snapshots)
         self.pc = PrefixCache(self.caches, budget=budget_bytes, interval=capture_interval, near_end=near_end,
                               check=check_rules)
         self.thread: int | None = None       # the thread of the first request (see the header)
@@ -193,7 +195,7 @@ class Engine:
         the vocabulary projection of its positions is never computed."""
         q = p + len(tokens)
         w0 = time.perf_counter()
-        before_write(self.caches, q - p)                   # lazy snapshots this write overwrites: copied out
+        before_write(self._copying, q - p)                 # lazy snapshots this write overwrites: copied out
         self.copies_s += time.perf_counter() - w0
         hits = [m for m in media if m.pos < q and p < m.end]
         if hits:
@@ -231,8 +233,14 @@ class Engine:
         keys, spans = keys_of(tokens, media), noncausal_spans(media)
         cancel = cancel or (lambda: False)
         book0, copies0 = self.pc.bookkeeping_s, self.copies_s
-        self._reserve(len(tokens) - 1 + max_tokens)         # the rows this request writes, if it runs to the end
-        self.pc.begin(keys, spans, marks)
+        rows = len(tokens) - 1 + max_tokens                 # the rows this request writes, if it runs to the end
+        self._reserve(rows)
+        w0 = time.perf_counter()
+        with deferred_eval():                                # one MLX evaluation: the page-in and the copies
+            self.pc.begin(keys, spans, marks)
+            if rows > self.pc.offset:                        # ... of every view this request overwrites
+                before_write(self._copying, rows - self.pc.offset)
+        self.copies_s += time.perf_counter() - w0 - (self.pc.bookkeeping_s - book0)
         produced, first_logits, cancelled, ttft, fwd = [], None, False, 0.0, 0.0
         try:
             while (chunk := self.pc.next_chunk(self.chunk_size)) is not None:

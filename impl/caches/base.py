@@ -281,9 +281,7 @@ class WholeStateCache(LayerCache):
         self._check_target(start)
         if start > self.offset:
             raise CacheError(f"snapshot start {start} is past the cache offset {self.offset}")
-        s = self._capture(start, self.offset)
-        self._eval_captures()
-        return s
+        return self._capture(start, self.offset)     # evaluated at this cache's next restore or forward
 
     def prepare_captures(self, offsets) -> None:
         self._sched.prepare(self.offset, offsets)

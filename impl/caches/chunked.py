@@ -83,6 +83,7 @@ class ChunkedCache(WholeStateCache, mlx_cache.ChunkedKVCache):
     def restore(self, snap, target: int) -> bool:
         if self._sched.active:
             raise CacheError("restore while captures are scheduled (take_captures first)")
+        self._eval_captures()                # a page-out left pending by snapshot(): in this page-in's evaluation
         if not self.can_restore(snap, target):
             return False
         self._since_boundary = 0

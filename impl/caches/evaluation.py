@@ -1,25 +1,24 @@
 """One MLX evaluation for a whole page-in instead of one per layer and view (bookkeeping cost).
 
-Inside ``deferred_eval()``, the KV cache's copies (materialised views, restored rows, fitted buffers)
-are collected by ``evaluate`` and evaluated together when the block ends; outside it, ``evaluate``
-evaluates at once. Deferral changes no result: every array is the same graph either way, and MLX keeps
-an array's inputs alive until it is evaluated, so a copy read from a buffer that a later write replaces
-still sees the old rows.
+Inside ``deferred_eval()``, the caches' copies (materialised views, fitted buffers, pending
+captures) are collected by ``evaluate`` and evaluated together, in one ``mx.eval``, when the block
+ends; outside it, ``evaluate`` evaluates at once. Deferral changes no result: every array is the
+same graph either way, and MLX keeps an array's inputs alive until it is evaluated, so a copy read
+from a buffer that a later write replaces still sees the old rows.
 
-Copies read out of a live buffer go through ``evaluate_copy``: at the block's end they are evaluated
-first, then the rest. A write into a buffer that a pending copy still reads cannot update it in place,
-so MLX copies the whole buffer for it; evaluated first, the copies have let go of the buffer by the
-time the write runs. (Scheduling them first with ``mx.async_eval`` is not enough: MLX decides to write
-in place when it dispatches the write, and the copies may not have finished by then.) On SmolLM2's 30
-layers (a 320-row buffer, 80 rows copied out and 80 written in) that halves the page-in: 1.8 -> 0.9 ms
-on the CPU (docs/caches.md).
+Writes into a live buffer (a restore's rows) are never evaluated here: the next forward evaluates
+them with its own writes. So a block's copies out of a buffer are done, and have let go of it, by
+the time the write runs, and MLX updates the buffer in place. (Evaluated together with the copies,
+the write would find the buffer still read by them, and MLX copies a whole buffer for such a write:
+on SmolLM2's 30 layers, a 320-row buffer with 80 rows copied out and 80 written in, 1.8 ms instead
+of 0.9 on the CPU; docs/caches.md.) Every evaluation is a synchronisation with the MLX stream that
+costs tens of microseconds after a forward, whatever it computes, so a page-in has at most one.
 """
 from __future__ import annotations
 
 import mlx.core as mx
 
 _pending: list | None = None     # arrays the open block evaluates at its end
-_copies: list | None = None      # of them, copies read out of a live buffer: evaluated first
 
 
 def evaluate(*arrays) -> None:
@@ -29,35 +28,25 @@ def evaluate(*arrays) -> None:
         mx.eval(*arrays)
 
 
-def evaluate_copy(*arrays) -> None:
-    """``evaluate`` for copies read out of a live buffer that a later write may replace."""
-    if _copies is not None:
-        _copies.extend(arrays)
-    evaluate(*arrays)
-
-
 class deferred_eval:
-    """``with deferred_eval():`` collects the copies made in the block and evaluates them at its end,
-    those of ``evaluate_copy`` first (also when the block raises); a nested block leaves them to the
-    outer one. A class, not a ``contextlib.contextmanager`` generator: right after a forward on the
-    CPU the generator cost 12-24 us against about 4 us for this (docs/caches.md)."""
+    """``with deferred_eval():`` collects the copies made in the block and evaluates them at its end
+    (also when the block raises); a nested block leaves them to the outer one. A class, not a
+    ``contextlib.contextmanager`` generator: right after a forward on the CPU the generator cost
+    12-24 us against about 4 us for this (docs/caches.md)."""
 
     __slots__ = ("outer",)
 
     def __enter__(self) -> "deferred_eval":
-        global _pending, _copies
+        global _pending
         self.outer = _pending is not None
         if not self.outer:
-            _pending, _copies = [], []
+            _pending = []
         return self
 
     def __exit__(self, *exc) -> bool:
-        global _pending, _copies
+        global _pending
         if not self.outer:
-            arrays, copies = _pending, _copies
-            _pending = _copies = None
-            if copies and len(copies) < len(arrays):
-                mx.eval(*copies)
+            arrays, _pending = _pending, None
             if arrays:
                 mx.eval(*arrays)
         return False

@@ -63,11 +63,20 @@ def layer_kinds(caches: Sequence[Optional[LayerCache]]) -> list[Optional[str]]:
     return [None if c is None else c.kind for c in caches]
 
 
+def copying(caches: Sequence[Optional[LayerCache]]) -> list[LayerCache]:
+    """The caches whose kind can hold lazy snapshots (it answers ``would_copy``): the only ones
+    ``before_write`` needs to ask, once per decode step."""
+    return [c for c in caches if c is not None and type(c).would_copy is not LayerCache.would_copy]
+
+
 def before_write(caches: Sequence[Optional[LayerCache]], n: int) -> None:
     """Copy out every lazy snapshot the next forward of n rows overwrites, all layers in one MLX
     evaluation (a layer's own write would evaluate its copies alone, one evaluation per layer). Most
     forwards (decode steps) overwrite none: then it returns without opening the evaluation block."""
-    if not any(c is not None and c.would_copy(n) for c in caches):
+    for c in caches:
+        if c is not None and c.would_copy(n):
+            break
+    else:
         return
     with deferred_eval():
         for c in caches:

@@ -35,7 +35,7 @@ from mlx_lm.models.cache import create_attention_mask
 
 from .base import CacheError, LayerCache, MergeError, Snapshot
 from .captures import CaptureSchedule
-from .evaluation import evaluate, evaluate_copy
+from .evaluation import evaluate
 from .masks import span_mask, spans_touching
 
 
@@ -84,7 +84,7 @@ class KVSnapshot(Snapshot):
         self.keys = _copy_rows(c.keys, self.start, self.end)
         self.values = _copy_rows(c.values, self.start, self.end)
         if now:
-            evaluate_copy(self.keys, self.values)
+            evaluate(self.keys, self.values)
         c._views.discard(self)
         self._cache = None
         if self.on_materialise is not None:
@@ -117,6 +117,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self.values: Optional[mx.array] = None
         self._views: set[KVSnapshot] = set()
         self._views_max_end = 0  # upper bound of the ends of outstanding views
+        self._clear = (0, 0)     # slots [lo, hi) that no outstanding view overlaps (the last write's, copied out)
         self._sched = CaptureSchedule()
         self._since_boundary = 0
         self._reserved = 0          # the open request's announced rows (reserve); 0: none
@@ -204,8 +205,10 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         return bool(self._overlapping(self.offset, self.offset + n))
 
     def _overlapping(self, p: int, q: int) -> list:
-        """The outstanding views overlapping slots [p, q) (none past every view's end: the common case)."""
-        if not self._views or p >= self._views_max_end:
+        """The outstanding views overlapping slots [p, q): none past every view's end (an append, the
+        common case) or inside slots already cleared (the decode steps after a page-in cleared the
+        request's rows), both in O(1)."""
+        if not self._views or p >= self._views_max_end or (self._clear[0] <= p and q <= self._clear[1]):
             return []
         return [s for s in self._views if s.start < q and s.end > p]
 
@@ -215,6 +218,15 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         if views:
             self._materialise_views(views)
             self._views_max_end = max((s.end for s in self._views), default=0)
+            self._clear = (p, q)
+
+    def _track(self, s: KVSnapshot) -> None:
+        """A new outstanding view: cleared slots keep only their part past it (writes move forward)."""
+        self._views.add(s)
+        self._views_max_end = max(self._views_max_end, s.end)
+        lo, hi = self._clear
+        if s.start < hi and s.end > lo:
+            self._clear = (min(max(lo, s.end), hi), hi)
 
     def _materialise_all(self) -> None:
         self._materialise_views(list(self._views))
@@ -226,14 +238,13 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         for s in views:
             s._materialise(now=False)
         if views:
-            evaluate_copy(*[a for s in views for a in (s.keys, s.values)])
+            evaluate(*[a for s in views for a in (s.keys, s.values)])
 
     def _view(self, start: int, end: int) -> Optional[KVSnapshot]:
         if self.keys is None or end <= start:
             return None
         s = KVSnapshot(start, end, self.layer, cache=self)
-        self._views.add(s)
-        self._views_max_end = max(self._views_max_end, end)
+        self._track(s)
         return s
 
     # --- snapshot protocol -------------------------------------------------------------------
@@ -282,8 +293,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
             k, v = k[..., :n, :], v[..., :n, :]
         self.offset = snap.start
         self._write(k, v)                    # an owned snapshot: all its rows, [start, end)
-        self.offset = target
-        evaluate(self.keys, self.values)
+        self.offset = target                 # (the write is evaluated with the next forward: no sync here)
         if owned:
             self._adopt(snap)
         return True
@@ -305,8 +315,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         size = s.size
         s.keys = s.values = None
         s._cache = self
-        self._views.add(s)
-        self._views_max_end = max(self._views_max_end, s.end)
+        self._track(s)
         if s.on_materialise is not None and size:
             s.on_materialise(-size)
 
@@ -355,7 +364,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
             k = mx.concatenate([ka, kb], axis=2)
             v = mx.concatenate([va, vb], axis=2)
             if a._cache is not None or b._cache is not None:
-                evaluate_copy(k, v)  # rows read from a live buffer: copied before it is written again
+                evaluate(k, v)  # rows read from a live buffer: copied before it is written again
             # two owned inputs: left to MLX's lazy evaluation (computed when first read, never when the
             # merged snapshot is released first; the inputs' arrays stay referenced until then)
             merged = KVSnapshot(a.start, b.end, a.layer, keys=k, values=v)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from impl.caches import CacheError, KVCache, MergeError, live_snapshots
@@ -422,12 +422,51 @@ def test_would_copy_says_exactly_whether_before_write_has_a_view_to_copy(length,
         s.release()
 
 
+_STEP = st.one_of(st.tuples(st.just("write"), st.integers(1, 3)), st.tuples(st.just("view"), st.integers(0, 6)),
+                  st.tuples(st.just("rewind"), st.integers(0, 6)), st.tuples(st.just("clear"), st.integers(1, 4)),
+                  st.tuples(st.just("release"), st.integers(0, 10)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(steps=st.lists(_STEP, min_size=1, max_size=16), n=st.integers(1, 4))
+@example(steps=[("write", 3), ("view", 0), ("rewind", 0), ("clear", 3), ("write", 1), ("view", 0), ("rewind", 0)], n=1)
+def test_would_copy_stays_exact_through_writes_views_rewinds_and_clears(steps, n):
+    """The O(1) answers of ``would_copy`` (slots past every view, slots a before_write cleared) agree
+    with a brute-force overlap test after any sequence of writes, new views, rewinds, before_writes
+    and releases; and no write ever overwrites a view's rows (every view still reads what it named)."""
+    c = KVCache(layer=0)
+    gens, views = [], []
+    for op, k in steps:
+        if op == "write":
+            c.before_write(k)
+            write(c, len(views) + 1, k)
+            gens[c.offset - k:] = [len(views) + 1] * k
+        elif op == "view" and k <= c.offset:
+            s = c.snapshot(k)
+            if s is not None:
+                views.append((s, list(gens)))
+        elif op == "rewind":
+            assert c.restore(None, min(k, c.offset))
+            del gens[c.offset:]
+        elif op == "clear":
+            c.before_write(k)
+        elif op == "release" and views:
+            views.pop(k % len(views))[0].release()
+        p = c.offset
+        brute = any(s.lazy and s.start < p + n and s.end > p for s, _ in views)
+        assert c.would_copy(n) == brute, (op, k, p, [(s.start, s.end, s.lazy) for s, _ in views])
+    for s, g in views:
+        np.testing.assert_array_equal(snap_rows(s)[0], expect(g, s.start, s.end)[0])
+        s.release()
+
+
 def test_a_page_in_that_copies_views_out_writes_the_live_buffer_in_place():
     """Inside one deferred evaluation, a restore that overwrites lazy views copies them out and writes
-    the snapshot's rows in. The copies are evaluated first (evaluation.evaluate_copy), so the write
-    finds the buffer unshared and updates it in place: the page-in's peak is the views' copies, not a
-    second whole buffer (MLX copies a buffer for a write while a pending copy still reads it). The
-    peak is asserted on the CPU (CI's device), where it is exact; the rows everywhere."""
+    the snapshot's rows in. The block evaluates the copies; the write is left to the next evaluation
+    of the buffer (the forward's), so it finds the buffer unshared and updates it in place: the
+    page-in's peak is the views' copies, not a second whole buffer (MLX copies a buffer for a write
+    while a pending copy still reads it). The peak is asserted on the CPU (CI's device), where it is
+    exact; the rows everywhere."""
     from impl.caches.evaluation import deferred_eval
 
     n = 4096
@@ -446,6 +485,7 @@ def test_a_page_in_that_copies_views_out_writes_the_live_buffer_in_place():
     base = mx.get_active_memory()
     with deferred_eval():
         assert live.restore(owned, n)
+    mx.eval(live.keys, live.values)                      # as the next forward does
     peak = mx.get_peak_memory() - base
     assert not view.lazy and owned.lazy                  # the view copied out; the snapshot adopted
     if mx.default_device() == mx.cpu:    # a GPU backend may release the copies' temporaries a little after

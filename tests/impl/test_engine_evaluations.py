@@ -1,0 +1,89 @@
+"""How often a request's cache bookkeeping synchronises with MLX (impl/caches/evaluation.py).
+
+Every evaluation is a round trip to the MLX stream that costs tens of microseconds after a forward,
+whatever it computes, so on a small model it is most of the bookkeeping. A request that switches
+conversations on a hybrid model (qwen3next: recurrent layers beside full attention) makes:
+
+- exactly one evaluation before its first forward: the page-in and the copies of every lazy view its
+  writes overwrite (prefill and decode alike), together; the restored rows themselves are written by
+  the first forward's evaluation, in place;
+- none in a decode step's bookkeeping (nothing is left to copy) and none at close (the page-out of the
+  recurrent layers waits for the next page-in's evaluation).
+
+The rows stay right: the switched-to conversation's first logits equal a cold prefill's (C1).
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+import impl.caches.evaluation as evaluation
+from impl.engine import Engine
+from impl.models import load
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    return load("qwen3next")
+
+
+def recorder(monkeypatch, e: Engine) -> list:
+    """Every evaluation the caches make, tagged with the request phase it happened in."""
+    phase, log, real = ["idle"], [], evaluation.mx
+
+    class Tagging:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def eval(*arrays):
+            log.append(phase[0])
+            real.eval(*arrays)
+
+    monkeypatch.setattr(evaluation, "mx", Tagging())
+    forward, close, generate = e._forward, e.pc.close, e.generate
+    forwards = [0]
+
+    def tagged_forward(tokens, p, media, spans, logits=True):
+        forwards[0] += 1
+        phase[0] = "decode" if logits and forwards[0] > 1 and len(tokens) == 1 and p >= e.pc.request.stats.total \
+            else "forward"
+        try:
+            return forward(tokens, p, media, spans, logits)
+        finally:
+            phase[0] = "between"
+
+    def tagged_close():
+        phase[0] = "close"
+        try:
+            return close()
+        finally:
+            phase[0] = "idle"
+
+    def tagged_generate(*a, **k):
+        forwards[0], phase[0] = 0, "page-in"
+        return generate(*a, **k)
+
+    monkeypatch.setattr(e, "_forward", tagged_forward)
+    monkeypatch.setattr(e.pc, "close", tagged_close)
+    monkeypatch.setattr(e, "generate", tagged_generate)
+    return log
+
+
+def test_a_conversation_switch_synchronises_once_before_its_first_forward(hybrid, monkeypatch):
+    e = Engine(hybrid, capture_interval=1 << 20, near_end=0, check_rules=False)
+    tok = hybrid.tokenizer
+    system = {"role": "system", "content": "You answer every question in one short sentence, politely."}
+    a = [system, {"role": "user", "content": "What colour is the sky on a clear day?"}]
+    b = [system, {"role": "user", "content": "Name a large animal that lives in the sea."}]
+    first = e.generate(a, max_tokens=12, stop_at_eos=False)
+    e.generate(b, max_tokens=12, stop_at_eos=False)
+    a2 = a + [{"role": "assistant", "content": tok.decode(first.tokens)},
+              {"role": "user", "content": "And at sunset?"}]
+    log = recorder(monkeypatch, e)
+    r = e.generate(a2, max_tokens=12, stop_at_eos=False)
+    assert r.stats.resumed > len(e.tokens_of([system])), r.stats   # back on A's branch, past the system prompt
+    assert log.count("page-in") == 1, log
+    assert "decode" not in log and "close" not in log, log
+    cold = Engine(hybrid, capture_interval=1 << 20, near_end=0).generate(a2, max_tokens=1)
+    assert mx.allclose(r.first_logits, cold.first_logits, atol=1e-4).item()
