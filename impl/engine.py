@@ -112,6 +112,7 @@ class Engine:
         self.chunk_size = chunk_size
         self.caches = loaded.make_caches()
         self._copying = copying(self.caches)     # the caches before_write asks (kinds with lazy snapshots)
+        self._cleared_to = 0                     # the open request's rows [offset, this) hold no lazy view
         self.pc = PrefixCache(self.caches, budget=budget_bytes, interval=capture_interval, near_end=near_end,
                               check=check_rules)
         self.thread: int | None = None       # the thread of the first request (see the header)
@@ -194,9 +195,13 @@ class Engine:
         """One model forward at offset p. A prefill chunk (logits=False) evaluates only the caches:
         the vocabulary projection of its positions is never computed."""
         q = p + len(tokens)
-        w0 = time.perf_counter()
-        before_write(self._copying, q - p)                 # lazy snapshots this write overwrites: copied out
-        self.copies_s += time.perf_counter() - w0
+        if q > self._cleared_to:
+            w0 = time.perf_counter()
+            before_write(self._copying, q - p)             # lazy snapshots this write overwrites: copied out
+            self.copies_s += time.perf_counter() - w0
+        elif self.pc.check:                                # A1: views appear only behind the offset
+            assert not any(c.would_copy(q - p) for c in self._copying), \
+                f"A1: a lazy view overlaps rows [{p}, {q}) that the page-in copied out"
         hits = [m for m in media if m.pos < q and p < m.end]
         if hits:
             mask = np.zeros((1, q - p, 1), dtype=bool)
@@ -240,6 +245,7 @@ class Engine:
             self.pc.begin(keys, spans, marks)
             if rows > self.pc.offset:                        # ... of every view this request overwrites
                 before_write(self._copying, rows - self.pc.offset)
+                self._cleared_to = rows
         self.copies_s += time.perf_counter() - w0 - (self.pc.bookkeeping_s - book0)
         produced, first_logits, cancelled, ttft, fwd = [], None, False, 0.0, 0.0
         try:
@@ -276,6 +282,7 @@ class Engine:
                         fwd += time.perf_counter() - f0
                         self.pc.evaluated([tok])
         finally:
+            self._cleared_to = 0
             stats = self.pc.close()
         text = self.tokenizer.decode(produced) if produced else ""
         total = time.perf_counter() - t0

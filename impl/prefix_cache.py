@@ -163,7 +163,7 @@ class PrefixCache:
             return "live"
         for n in path[1:]:
             s = n.snaps[i]
-            if s is not None and cache.can_restore(s, x):
+            if s is not None and n.end >= x and cache.can_restore(s, x):   # (no state restores past its end)
                 return s
         return None
 
@@ -190,6 +190,8 @@ class PrefixCache:
             cache = self.caches[i]
             if cache.kind == "kv":
                 ok = cache.restore(None, min(common, x))
+                if cache.offset < x:
+                    cache.before_write(x - cache.offset)     # the views the rows below overwrite, in one pass
                 for n in path[1:]:
                     if n.start >= x:
                         break

@@ -52,6 +52,7 @@ class KVSnapshot(Snapshot):
         self._cache: Optional["KVCache"] = cache  # issuer while lazy; None once owned
         self.keys = keys
         self.values = values
+        self._geom = None                         # (owned) _geometry, once computed
 
     @property
     def lazy(self) -> bool:
@@ -71,8 +72,11 @@ class KVSnapshot(Snapshot):
         return self.keys, self.values
 
     def _geometry(self):
-        k, v = (self._cache.keys, self._cache.values) if self._cache is not None else (self.keys, self.values)
-        return _geometry(k, v)
+        if self._cache is not None:
+            return self._cache._geometry()
+        if self._geom is None:                    # an owned snapshot's arrays never change shape
+            self._geom = _geometry(self.keys, self.values)
+        return self._geom
 
     def _materialise(self, now: bool = True) -> None:
         """Copy the range out of the issuer's buffer; the hook hears +size (it stays installed: a restore
@@ -82,6 +86,7 @@ class KVSnapshot(Snapshot):
         if c is None:
             return
         self.keys = _copy_rows(c.keys, self.start, self.end)
+        self._geom = None
         self.values = _copy_rows(c.values, self.start, self.end)
         if now:
             evaluate(self.keys, self.values)
@@ -118,6 +123,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self._views: set[KVSnapshot] = set()
         self._views_max_end = 0  # upper bound of the ends of outstanding views
         self._clear = (0, 0)     # slots [lo, hi) that no outstanding view overlaps (the last write's, copied out)
+        self._geom = None        # _geometry of the buffer: kept while it only grows or shrinks (reset by state, free)
         self._sched = CaptureSchedule()
         self._since_boundary = 0
         self._reserved = 0          # the open request's announced rows (reserve); 0: none
@@ -151,6 +157,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
     def state(self, v):
         self._materialise_all()
         self.keys, self.values, self.offset = v
+        self._geom = None
 
     def size(self) -> int:
         return self.offset
@@ -247,6 +254,12 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self._track(s)
         return s
 
+    def _geometry(self):
+        """The rows' geometry (batch, heads, dims, dtypes): growth and fit keep it, state and free reset it."""
+        if self._geom is None and self.keys is not None:
+            self._geom = _geometry(self.keys, self.values)
+        return self._geom
+
     # --- snapshot protocol -------------------------------------------------------------------
     def snapshot(self, start: int) -> Optional[KVSnapshot]:
         self._check_target(start)
@@ -267,7 +280,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         if snap is None:
             return target <= self.offset
         self._check_snapshot(snap)
-        mine = _geometry(self.keys, self.values)
+        mine = self._geometry()
         theirs = snap._geometry()
         if mine is not None and theirs is not None and mine != theirs:
             raise CacheError(f"snapshot rows {theirs} do not fit this cache's rows {mine} (another layer's?)")
@@ -334,7 +347,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         if self.keys.shape[2] - need <= need // self.rest_slack:
             return 0
         if need == 0:
-            self.keys = self.values = None
+            self.keys = self.values = self._geom = None
         else:
             self.keys, self.values = _copy_rows(self.keys, 0, need), _copy_rows(self.values, 0, need)
             evaluate(self.keys, self.values)
@@ -396,6 +409,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self._materialise_all()
         self._sched.clear()
         self.keys = self.values = None
+        self._geom = None
         self.offset = 0
         self._since_boundary = 0
         self._reserved = 0
