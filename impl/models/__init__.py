@@ -9,10 +9,15 @@ Invariants:
 - ``layer_kinds`` lists, per model layer, the cache kind ``impl.caches.make_layer_caches`` builds for
   it ("kv" | "windowed" | "recurrent" | None for stateless layers).
 - Every model uses the SmolLM2 tokenizer (the hybrids share its vocabulary size).
+- After a load, ``gc.freeze()``: the tens of thousands of objects a model and its tokenizer create live
+  as long as the process, and Python's full collections, triggered by allocation counts wherever
+  they happen, otherwise rescan them all: ~14 ms each on the CPU with SmolLM2 and qwen3next loaded
+  (78k objects), several times a bench case, landing in whatever verb allocated last (docs/caches.md).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from dataclasses import dataclass, field
@@ -111,6 +116,7 @@ def load(name: str, dtype: str | None = None) -> LoadedModel:
         )
         release_pool()
         _loaded[key] = lm
+        gc.freeze()      # the model's and tokenizer's objects live as long as the process (see below)
         return lm
 
 

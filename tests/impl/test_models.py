@@ -63,6 +63,17 @@ def test_a3_pool_released_after_load(monkeypatch):
     assert mlx_memory()["cache"] == 0
 
 
+def test_a_loaded_model_is_frozen_out_of_garbage_collection():
+    """A loaded model's objects (modules, parameters, the tokenizer) are moved out of the collector's
+    generations (gc.freeze): full collections no longer rescan them on every request."""
+    import gc
+
+    lm = load("qwen3next")
+    tracked = {id(o) for o in gc.get_objects()}
+    assert id(lm.model) not in tracked and id(lm.tokenizer) not in tracked
+    assert id(lm.model.layers) not in tracked
+
+
 def test_hybrid_generation_is_deterministic_mlx_lm_format(tmp_path, monkeypatch):
     monkeypatch.setenv("PREFIX_TRIE_CACHE", str(tmp_path))
     path = hybrid.model_dir("mamba2")
