@@ -238,26 +238,28 @@ class Engine:
         keys, spans = keys_of(tokens, media), noncausal_spans(media)
         cancel = cancel or (lambda: False)
         book0, copies0 = self.pc.bookkeeping_s, self.copies_s
-        rows = len(tokens) - 1 + max_tokens                 # the rows this request writes, if it runs to the end
-        self._reserve(rows)
-        w0 = time.perf_counter()
-        with deferred_eval():                                # one MLX evaluation: the page-in and the copies
-            self.pc.begin(keys, spans, marks)
-            if rows > self.pc.offset:                        # ... of every view this request overwrites
-                before_write(self._copying, rows - self.pc.offset)
-                self._cleared_to = rows
-        self.copies_s += time.perf_counter() - w0 - (self.pc.bookkeeping_s - book0)
-        produced, first_logits, cancelled, ttft, fwd = [], None, False, 0.0, 0.0
+        self._reserve(len(tokens) - 1 + max_tokens)         # the rows this request writes, if it runs to the end
+        produced, first_logits, cancelled, ttft, fwd, opened = [], None, False, 0.0, 0.0, False
         try:
-            while (chunk := self.pc.next_chunk(self.chunk_size)) is not None:
-                if cancel():
-                    cancelled = True
-                    break
+            w0 = time.perf_counter()
+            with deferred_eval():                            # one MLX evaluation: the page-in and the copies
+                self.pc.begin(keys, spans, marks)            # of the views the first write overwrites
+                opened = True
+                chunk = self.pc.next_chunk(self.chunk_size)
+                cancelled = chunk is not None and cancel()
+                first = chunk or ((len(tokens) - 1, len(tokens)) if max_tokens > 0 else None)   # (the seed's)
+                if first is not None and not cancelled:      # certain now: a cancel leaves views lazy (spec)
+                    before_write(self._copying, first[1] - first[0])
+                    self._cleared_to = first[1]
+            pagein = time.perf_counter() - w0 - (self.pc.bookkeeping_s - book0)
+            while chunk is not None and not cancelled:
                 p, q = chunk
                 f0 = time.perf_counter()
                 self._forward(tokens[p:q], p, media, spans, logits=False)
                 fwd += time.perf_counter() - f0
                 self.pc.evaluated(keys[p:q])
+                chunk = self.pc.next_chunk(self.chunk_size)
+                cancelled = chunk is not None and cancel()
             if not cancelled:
                 self.pc.prefilled()
                 n = len(tokens)
@@ -283,12 +285,14 @@ class Engine:
                         self.pc.evaluated([tok])
         finally:
             self._cleared_to = 0
-            stats = self.pc.close()
+            if opened:
+                stats = self.pc.close()
+        self.copies_s += pagein
         text = self.tokenizer.decode(produced) if produced else ""
         total = time.perf_counter() - t0
         return Result(tokens=produced, text=text, stats=stats, first_logits=first_logits, cancelled=cancelled,
                       prompt_tokens=len(tokens), ttft_s=ttft or total, total_s=total,
-                      forward_s=fwd - (self.copies_s - copies0),
+                      forward_s=fwd - (self.copies_s - copies0 - pagein),   # before_write runs inside fwd
                       bookkeeping_s=self.pc.bookkeeping_s - book0 + self.copies_s - copies0)
 
     def _on_own_thread(self, what: str) -> None:

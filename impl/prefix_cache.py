@@ -24,7 +24,7 @@ import time
 from impl import dump, invariants
 from impl.caches.evaluation import deferred_eval
 from impl.request import Request, Stats
-from impl.trie import Node, Trie, common_prefix, match, walk
+from impl.trie import Node, Trie, common_prefix, match
 
 
 def _inside(x: int, spans) -> tuple | None:
@@ -342,12 +342,21 @@ class PrefixCache:
         return (n.last_used, -n.end, -n.bytes())
 
     def _victim(self) -> Node | None:
-        keyed = [(self.evict_order(n), n) for n in walk(self.root) if self.evictable(n)]
-        if not keyed:
-            return None
-        best = min(k for k, _ in keyed)
-        tied = [n for k, n in keyed if k == best]
-        return tied[0] if len(tied) == 1 else min(tied, key=Node.path_keys)
+        """E3's first evictable node: one pass over the trie (in no particular order: ties are broken
+        by key path, which is unique)."""
+        best, tied, stack = None, [], [self.root]
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            if self.evictable(n):
+                k = self.evict_order(n)
+                if best is None or k < best:
+                    best, tied = k, [n]
+                elif k == best:
+                    tied.append(n)
+        if len(tied) < 2:
+            return tied[0] if tied else None
+        return min(tied, key=Node.path_keys)
 
     def _evict(self) -> None:
         while self.trie.counter > self.budget:
