@@ -213,8 +213,8 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
 
     def _overlapping(self, p: int, q: int) -> list:
         """The outstanding views overlapping slots [p, q): none past every view's end (an append, the
-        common case) or inside slots already cleared (the decode steps after a page-in cleared the
-        request's rows), both in O(1)."""
+        common case) or inside the slots the last copy-out cleared (the restored rows' writes after a
+        page-in's one pass), both in O(1)."""
         if not self._views or p >= self._views_max_end or (self._clear[0] <= p and q <= self._clear[1]):
             return []
         return [s for s in self._views if s.start < q and s.end > p]
