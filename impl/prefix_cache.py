@@ -308,6 +308,7 @@ class PrefixCache:
             for _, c in self._kv:
                 c.fit()                                      # growth slack at rest: bounded (kv.py)
         req.stats.evictions = self.evictions - req.evictions_before
+        req.stats.chunks = tuple(req.chunks)
         self.bookkeeping_s += time.perf_counter() - t0
         self._checked("close", before)
         return req.stats

@@ -8,13 +8,15 @@ from dataclasses import dataclass, field
 @dataclass
 class Stats:
     """One request's figures: prompt keys, matched, resumed at, prefilled (keys
-    evaluated before decode), captures attached, nodes evicted from begin to close."""
+    evaluated before decode), captures attached, nodes evicted from begin to close,
+    and the prefill's forwards [p, q) (set at close)."""
     total: int = 0
     matched: int = 0
     resumed: int = 0
     prefilled: int = 0
     captures: int = 0
     evictions: int = 0
+    chunks: tuple = ()
 
 
 @dataclass
