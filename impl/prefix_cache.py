@@ -28,6 +28,8 @@ from impl.trie import Node, Trie, common_prefix, match
 
 
 def _inside(x: int, spans) -> tuple | None:
+    if not spans:
+        return None
     return next(((a, e) for a, e in spans if a < x < e), None)
 
 

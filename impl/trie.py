@@ -78,7 +78,7 @@ def match(root: Node, keys) -> tuple[list, int]:
         if child is None:
             break
         seg = keys[pos:pos + len(child.edge)]
-        n = common_prefix(child.edge, seg)
+        n = len(seg) if seg == child.edge else common_prefix(child.edge, seg)   # (whole edges: one compare)
         path.append(child)
         pos += n
         if n < len(child.edge):
