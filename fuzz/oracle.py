@@ -277,20 +277,20 @@ class Runner:
         """A C1-logits mismatch the model's own instability explains: mlx-lm's stock caches, cut
         where this request's forwards were cut (with or without the decode seed's own forward, or
         once at the resume), give a result within tol of ours that itself differs by more than tol
-        from one stock forward of the prompt (run here, not taken from the cold cache: a cold answer
-        that is itself wrong, as test_calibration plants, must still fail). deepseek_v32's indexer keeps the top-k keys by
-        score, so float noise from where a forward is cut (1e-6) can swap a key at the top-k
-        boundary and move the logits by 0.25 with stock caches alone (docs/fuzz.md). For a model
-        whose logits are continuous in that noise no cut differs from the cold run by more than
-        tol, so this never applies. None otherwise, and always for prompts with media (their cold
-        run is our own engine)."""
+        from one stock forward of the prompt (run here, not taken from the cold cache: a cold
+        answer that is itself wrong, as test_calibration plants, must still fail).
+        deepseek_v32's indexer keeps the top-k keys by score, so float noise from where a forward
+        is cut (1e-6) can swap a key at the top-k boundary and move the logits by 0.25 with stock
+        caches alone (docs/fuzz.md). For a model whose logits are continuous in that noise no cut
+        differs from one forward by more than tol, so this never applies. None otherwise, and
+        always for prompts with media (their cold run is our own engine)."""
         if media_json:
             return None
         from .calibrate import cut_forward
 
         n, resume = len(tokens), r.stats.resumed
-        one = np.array(cut_forward(self.loaded, tokens, [0, n], stock=True))   # not the cached cold answer:
-        own = _cuts(r, n)                                                      # measured here, from the prompt
+        one = np.array(cut_forward(self.loaded, tokens, [0, n], stock=True))   # (not the cached cold answer)
+        own = _cuts(r, n)
         ways = [own, [c for c in own if c != n - 1] if n - 1 > resume else own, sorted({0, resume, n})]
         for cuts in ways:
             cut = np.array(cut_forward(self.loaded, tokens, cuts, stock=True))

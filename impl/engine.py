@@ -112,7 +112,6 @@ class Engine:
         self.chunk_size = chunk_size
         self.caches = loaded.make_caches()
         self._copying = copying(self.caches)     # the caches before_write asks (kinds with lazy snapshots)
-        self._cleared_to = 0                     # the open request's rows [offset, this) hold no lazy view
         self.pc = PrefixCache(self.caches, budget=budget_bytes, interval=capture_interval, near_end=near_end,
                               check=check_rules)
         self.thread: int | None = None       # the thread of the first request (see the header)
@@ -195,13 +194,9 @@ class Engine:
         """One model forward at offset p. A prefill chunk (logits=False) evaluates only the caches:
         the vocabulary projection of its positions is never computed."""
         q = p + len(tokens)
-        if q > self._cleared_to:
-            w0 = time.perf_counter()
-            before_write(self._copying, q - p)             # lazy snapshots this write overwrites: copied out
-            self.copies_s += time.perf_counter() - w0
-        elif self.pc.check:                                # A1: views appear only behind the offset
-            assert not any(c.would_copy(q - p) for c in self._copying), \
-                f"A1: a lazy view overlaps rows [{p}, {q}) that the page-in copied out"
+        w0 = time.perf_counter()
+        before_write(self._copying, q - p)                 # lazy snapshots this write overwrites: copied out
+        self.copies_s += time.perf_counter() - w0
         hits = [m for m in media if m.pos < q and p < m.end]
         if hits:
             mask = np.zeros((1, q - p, 1), dtype=bool)
@@ -250,7 +245,6 @@ class Engine:
                 first = chunk or ((len(tokens) - 1, len(tokens)) if max_tokens > 0 else None)   # (the seed's)
                 if first is not None and not cancelled:      # certain now: a cancel leaves views lazy (spec)
                     before_write(self._copying, first[1] - first[0])
-                    self._cleared_to = first[1]
             pagein = time.perf_counter() - w0 - (self.pc.bookkeeping_s - book0)
             while chunk is not None and not cancelled:
                 p, q = chunk
@@ -284,7 +278,6 @@ class Engine:
                         fwd += time.perf_counter() - f0
                         self.pc.evaluated([tok])
         finally:
-            self._cleared_to = 0
             if opened:
                 stats = self.pc.close()
         self.copies_s += pagein

@@ -26,12 +26,11 @@ from functools import partial
 
 
 class Node:
-    __slots__ = ("edge", "start", "end", "parent", "children", "snaps", "last_used", "used_at", "user", "held")
+    __slots__ = ("edge", "start", "parent", "children", "snaps", "last_used", "used_at", "user", "held")
 
     def __init__(self, edge: tuple, start: int, n_layers: int, parent: "Node | None" = None, last_used: int = 0):
         self.edge = edge
         self.start = start
-        self.end = start + len(edge)      # kept by split and merge_with_child (read on every walk)
         self.parent = parent
         self.children: dict = {}          # first key -> child (T2)
         self.snaps: list = [None] * n_layers
@@ -39,6 +38,10 @@ class Node:
         self.used_at = time.monotonic()   # wall time, for dumps only
         self.user = False
         self.held = 0                     # owned bytes of `snaps`, kept by Trie.own/disown and the hook
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.edge)
 
     def path_keys(self) -> tuple:
         parts, n = [], self
@@ -156,7 +159,7 @@ class Trie:
             merged = cache.merge_snapshots(a, b)     # raises MergeError unless adjacent (G1)
             if merged is not None:
                 self.own(node, i, merged)
-        node.edge, node.end = node.edge + child.edge, child.end
+        node.edge = node.edge + child.edge
         node.children = child.children
         for c in node.children.values():
             c.parent = node

@@ -4,11 +4,11 @@ Every evaluation is a round trip to the MLX stream that costs tens of microsecon
 whatever it computes, so on a small model it is most of the bookkeeping. A request that switches
 conversations on a hybrid model (qwen3next: recurrent layers beside full attention) makes:
 
-- exactly one evaluation before its first forward: the page-in and the copies of every lazy view its
-  writes overwrite (prefill and decode alike), together; the restored rows themselves are written by
-  the first forward's evaluation, in place;
-- none in a decode step's bookkeeping (nothing is left to copy) and none at close (the page-out of the
-  recurrent layers waits for the next page-in's evaluation).
+- exactly one evaluation before its first forward: the page-in and the copies of the lazy views its
+  first write overwrites, together (later writes copy theirs once their cancel check passed); the
+  restored rows themselves are written by the first forward's evaluation, in place;
+- none in a decode step's bookkeeping here (no view lies past the prompt) and none at close (the
+  page-out of the recurrent layers waits for the next page-in's evaluation).
 
 The rows stay right: the switched-to conversation's first logits equal a cold prefill's (C1).
 """
