@@ -14,12 +14,12 @@ The rows stay right: the switched-to conversation's first logits equal a cold pr
 """
 from __future__ import annotations
 
-import mlx.core as mx
 import pytest
 
 import impl.caches.evaluation as evaluation
 from impl.engine import Engine
 from impl.models import load
+from test_engine_support import TOL, max_abs
 
 
 @pytest.fixture(scope="module")
@@ -86,4 +86,4 @@ def test_a_conversation_switch_synchronises_once_before_its_first_forward(hybrid
     assert log.count("page-in") == 1, log
     assert "decode" not in log and "close" not in log, log
     cold = Engine(hybrid, capture_interval=1 << 20, near_end=0).generate(a2, max_tokens=1)
-    assert mx.allclose(r.first_logits, cold.first_logits, atol=1e-4).item()
+    assert max_abs(r.first_logits, cold.first_logits) <= TOL[hybrid.name]    # C1, calibrated (TF32 on a GPU)
