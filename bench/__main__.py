@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from impl.platform import OPENBLAS
+from impl.platform import OPENBLAS, OPENBLAS_THREAD_TIMEOUT, reexec_with_openblas
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "<!-- analysis of this run: hand-written below, kept by later reruns in 'Earlier runs' -->"
@@ -97,7 +97,7 @@ def main(argv=None) -> list:
     print(floors.table(floor_lines))
     print(f"\n{elapsed:.0f} s")
 
-    command = (f"LD_PRELOAD={OPENBLAS} .venv/bin/python -m bench"
+    command = (f"LD_PRELOAD={OPENBLAS} OPENBLAS_THREAD_TIMEOUT={OPENBLAS_THREAD_TIMEOUT} .venv/bin/python -m bench"
                + ("" if not (argv or sys.argv[1:]) else " " + " ".join(map(shlex.quote, argv or sys.argv[1:]))))
     png_note = ""
     if args.png:
@@ -239,4 +239,5 @@ def markdown(rows, checks, lazy, geoms, args, command, started, elapsed, info0, 
 
 
 if __name__ == "__main__":
+    reexec_with_openblas("bench", guard="BENCH_NO_REEXEC", one_thread=False)
     main()

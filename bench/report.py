@@ -81,6 +81,8 @@ def machine() -> dict:
     except OSError:
         load = "?"
     blas = os.environ.get("LD_PRELOAD", "") or "none preloaded"
+    blas += "".join(f", {k}={os.environ[k]}" for k in ("OPENBLAS_THREAD_TIMEOUT", "OPENBLAS_NUM_THREADS")
+                    if k in os.environ)
     try:
         cpu = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
     except OSError:

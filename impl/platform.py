@@ -1,7 +1,11 @@
 """Platform setup (docs/platform.md): the one place that knows how MLX's CPU backend is made fast.
 
 MLX's CPU wheel links the reference BLAS; Debian's OpenBLAS, preloaded, makes matmuls about 10x
-faster. A preload only takes effect when a process starts, so:
+faster. Its worker threads, by default, busy-wait for about 2^28 cycles (~0.1 s) after each
+parallel call; on a 2-core machine that spinning takes the core MLX's own stream thread needs for
+the small ops between matmuls (cache copies: 2-4x slower), so ``OPENBLAS_THREAD_TIMEOUT`` (2^n cycles,
+n >= 4) is set to its minimum: the workers sleep at once (docs/platform.md, "OpenBLAS's spinning
+workers"). A preload and this setting only take effect when a process starts, so:
 - ``preload_env(env)`` is the environment a child process (a runner) is started with;
 - ``reexec_with_openblas(module, guard)`` re-executes an entry point (``python -m module``) once
   with the preload, when the library exists and is not loaded yet.
@@ -15,6 +19,7 @@ import sys
 from typing import Mapping
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
+OPENBLAS_THREAD_TIMEOUT = "4"
 
 
 def openblas_available() -> bool:
@@ -25,22 +30,32 @@ def preloaded(env: Mapping[str, str]) -> bool:
     return OPENBLAS in env.get("LD_PRELOAD", "").split(":")
 
 
-def preload_env(env: Mapping[str, str]) -> dict:
-    """``env`` with OpenBLAS first in LD_PRELOAD (when available) and OPENBLAS_NUM_THREADS
-    defaulting to 1 (callers run one process per core)."""
+def platform_env(env: Mapping[str, str]) -> dict:
+    """``env`` with OpenBLAS first in LD_PRELOAD (when available) and OPENBLAS_THREAD_TIMEOUT
+    defaulting to OPENBLAS_THREAD_TIMEOUT (a value the caller set is kept)."""
     out = dict(env)
     if openblas_available() and not preloaded(out):
         pre = out.get("LD_PRELOAD", "")
         out["LD_PRELOAD"] = OPENBLAS + (":" + pre if pre else "")
+    out.setdefault("OPENBLAS_THREAD_TIMEOUT", OPENBLAS_THREAD_TIMEOUT)
+    return out
+
+
+def preload_env(env: Mapping[str, str]) -> dict:
+    """``platform_env(env)`` with OPENBLAS_NUM_THREADS defaulting to 1 (callers run one process per
+    core)."""
+    out = platform_env(env)
     out.setdefault("OPENBLAS_NUM_THREADS", "1")
     return out
 
 
-def reexec_with_openblas(module: str, guard: str) -> None:
-    """Re-execute ``python -m module`` with the current arguments and the preload, once: the
-    environment variable ``guard`` marks the re-executed process. Returns when there is nothing to do."""
+def reexec_with_openblas(module: str, guard: str, one_thread: bool = True) -> None:
+    """Re-execute ``python -m module`` with the current arguments and the platform settings
+    (``preload_env``; ``platform_env`` with ``one_thread=False``: OpenBLAS keeps its default threads),
+    once: the environment variable ``guard`` marks the re-executed process. Returns when there is
+    nothing to do (no OpenBLAS, or already preloaded: whoever preloaded it chose the settings)."""
     if not openblas_available() or preloaded(os.environ) or os.environ.get(guard):
         return
-    env = preload_env(os.environ)
+    env = preload_env(os.environ) if one_thread else platform_env(os.environ)
     env[guard] = "1"
     os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
