@@ -14,7 +14,8 @@ mutation run (stateful_tests/mutation.py) found the gaps they close.
 - a trie left by an older version (a stored path ending inside what is now a
   non-causal item): the match floors to the item's start (M3) and a capture
   that starts before its node is clipped to the edge (S1);
-- a windowed layer rewinds live to the common prefix (no snapshot needed).
+- a windowed layer rewinds live to the common prefix (no snapshot needed);
+- close reports the prefill cuts (`Stats.chunks`, read by the fuzz oracle).
 """
 from __future__ import annotations
 
@@ -209,6 +210,17 @@ def test_close_leaves_at_most_bounded_growth_slack_in_the_live_kv_buffers():
     kv_caches = [c for c in pc.caches if c is not None and c.kind == "kv"]
     assert kv_caches and all(c.keys.shape[2] - c.offset <= c.offset // c.rest_slack for c in kv_caches)
     assert all(c.fit() == 0 for c in kv_caches)
+
+
+def test_close_reports_the_prefill_cuts_it_made():
+    """Stats.chunks: the forwards that prefilled the prompt, as [p, q) cuts (the fuzz oracle reruns
+    stock caches at the same cuts: a chunking tie, docs/fuzz.md); decode steps are not chunks."""
+    pc, tracer = cache(interval=3, near_end=1)
+    _, stats = run(pc, tracer, (1, 2, 3, 4, 5, 6, 7, 8, 9, 10), produce=(11, 12), chunk=4)
+    assert stats.chunks == ((0, 3), (3, 6), (6, 9))       # cut at the captures 3, 6 and 9 (near end, the prompt is 10)
+    _, stats = run(pc, tracer, (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 20, 21, 22), chunk=4)
+    assert stats.chunks[0][0] == stats.resumed and stats.chunks[-1][1] == 12
+    assert all(a[1] == b[0] for a, b in zip(stats.chunks, stats.chunks[1:]))
 
 
 @pytest.mark.parametrize("n, at", [(300, 300), (300, 299), (600, 0), (600, 255), (600, 256), (600, 257),
