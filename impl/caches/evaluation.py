@@ -19,6 +19,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 _pending: list | None = None     # arrays the open block evaluates at its end
+_after: list = []                # what the open block calls once it has evaluated them
 
 
 def evaluate(*arrays) -> None:
@@ -26,6 +27,15 @@ def evaluate(*arrays) -> None:
         _pending.extend(arrays)
     else:
         mx.eval(*arrays)
+
+
+def after_block(fn) -> None:
+    """Call fn once the open block has evaluated its arrays (at once outside a block): a cache drops
+    there what only the block's copies may read (kv.py, ``_unwritten``)."""
+    if _pending is not None:
+        _after.append(fn)
+    else:
+        fn()
 
 
 class deferred_eval:
@@ -49,4 +59,8 @@ class deferred_eval:
             arrays, _pending = _pending, None
             if arrays:
                 mx.eval(*arrays)
+            if _after:
+                calls, _after[:] = list(_after), []
+                for fn in calls:
+                    fn()
         return False

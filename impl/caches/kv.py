@@ -35,7 +35,7 @@ from mlx_lm.models.cache import create_attention_mask
 
 from .base import CacheError, LayerCache, MergeError, Snapshot
 from .captures import CaptureSchedule
-from .evaluation import evaluate
+from .evaluation import after_block, evaluate
 from .masks import span_mask, spans_touching
 
 
@@ -85,9 +85,10 @@ class KVSnapshot(Snapshot):
         c = self._cache
         if c is None:
             return
-        self.keys = _copy_rows(c.keys, self.start, self.end)
+        keys, values = c._readable(self.start, self.end)
+        self.keys = _copy_rows(keys, self.start, self.end)
         self._geom = None
-        self.values = _copy_rows(c.values, self.start, self.end)
+        self.values = _copy_rows(values, self.start, self.end)
         if now:
             evaluate(self.keys, self.values)
         c._views.discard(self)
@@ -127,11 +128,13 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self._sched = CaptureSchedule()
         self._since_boundary = 0
         self._reserved = 0          # the open request's announced rows (reserve); 0: none
+        self._unwritten = None      # (keys, values, lo, hi): the buffer before a page-in wrote rows [lo, hi)
 
     # --- mlx-lm cache interface --------------------------------------------------------------
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         prev = self.offset
         self._write(keys, values)
+        self._unwritten = None      # (a forward inside the block: its evaluation writes the rows in place)
         self._since_boundary += keys.shape[2]
         if self._sched.active:
             for o in self._sched.pending_in(prev, self.offset):
@@ -247,6 +250,17 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         if views:
             evaluate(*[a for s in views for a in (s.keys, s.values)])
 
+    def _readable(self, start: int, end: int) -> tuple[mx.array, mx.array]:
+        """The buffer a view of rows [start, end) copies from: as it was before the open page-in's
+        restores wrote into it, when the view lies outside the rows written (they are the same there,
+        and that buffer is evaluated), so the copy does not evaluate the pending write; else the
+        buffer itself. (A write evaluated with copies that still read the old buffer makes MLX copy
+        the whole buffer; left to the forward, it is done in place: tests/impl/test_caches_kv.py.)"""
+        u = self._unwritten
+        if u is not None and (end <= u[2] or start >= u[3]):
+            return u[0], u[1]
+        return self.keys, self.values
+
     def _view(self, start: int, end: int) -> Optional[KVSnapshot]:
         if self.keys is None or end <= start:
             return None
@@ -305,11 +319,26 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         if not owned and n < k.shape[2]:     # a view of another cache: only the rows it restores
             k, v = k[..., :n, :], v[..., :n, :]
         self.offset = snap.start
+        self._note_unwritten(snap.start, snap.start + k.shape[2])
         self._write(k, v)                    # an owned snapshot: all its rows, [start, end)
         self.offset = target                 # (the write is evaluated with the next forward: no sync here)
         if owned:
             self._adopt(snap)
         return True
+
+    def _note_unwritten(self, lo: int, hi: int) -> None:
+        """Keep a handle on the buffer before a restore's first write (``astype`` to its own dtype
+        returns the same array: the write updates self.keys, not it) and the rows written since,
+        until the open deferred_eval block has evaluated its copies (at once outside a block)."""
+        u = self._unwritten
+        if u is not None:
+            self._unwritten = (u[0], u[1], min(lo, u[2]), max(hi, u[3]))
+        elif self.keys is not None:
+            self._unwritten = (self.keys.astype(self.keys.dtype), self.values.astype(self.values.dtype), lo, hi)
+            after_block(self._forget_unwritten)      # held until the open evaluation block ends
+
+    def _forget_unwritten(self) -> None:
+        self._unwritten = None
 
     def adopt(self, snap: KVSnapshot) -> bool:
         """An owned snapshot of rows the live buffer holds in place (the caller knows: it lies on the

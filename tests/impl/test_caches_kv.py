@@ -496,3 +496,67 @@ def test_a_page_in_that_copies_views_out_writes_the_live_buffer_in_place():
     np.testing.assert_array_equal(live_rows(live)[0], expect(gens, 0, n)[0])
     view.release()
     owned.release()
+
+
+def test_a_first_write_after_a_page_in_copies_its_views_from_the_buffer_before_the_page_in():
+    """The engine's page-in block: a restore overwrites one lazy view (copied out) and writes rows in,
+    then the first chunk's before_write copies out another view, past the restored rows. That second
+    copy reads the buffer as it was before the restore's write (its rows are the same there), so the
+    block evaluates no write: the write is left to the forward, which updates the buffer in place.
+    (Read from the written buffer, the copy would evaluate the write while the first copy still reads
+    the old buffer, and MLX would copy the whole buffer: the CPU's exact peak shows it.)"""
+    from impl.caches.evaluation import deferred_eval
+
+    n = 4096
+    live, other = KVCache(layer=0), KVCache(layer=0)
+    write(live, 0, n)
+    write(other, 1, n - 384)
+    high = live.snapshot(n - 256)                         # lazy views of the live buffer: [n-256, n)
+    assert live.restore(None, n - 256)                    # (a rewind moves the offset: views stay lazy)
+    first = live.snapshot(n - 512)                        # [n-512, n-256): the rows the restore overwrites
+    owned = other.snapshot(n - 512)                       # [n-512, n-384) of another generation
+    other.free()
+    assert first.lazy and high.lazy and not owned.lazy
+    assert live.restore(None, n - 512)
+    buffer = live.keys.nbytes + live.values.nbytes
+    mx.eval(live.keys, live.values)
+    mx.synchronize()
+    mx.reset_peak_memory()
+    base = mx.get_active_memory()
+    with deferred_eval():
+        assert live.restore(owned, n - 384)               # writes [n-512, n-384), copies `first` out
+        live.before_write(256)                            # the first chunk [n-384, n-128): copies `high` out
+    assert not first.lazy and not high.lazy
+    mx.eval(live.keys, live.values)                       # as the next forward does
+    peak = mx.get_peak_memory() - base
+    if mx.default_device() == mx.cpu:
+        assert peak < first.size + high.size + buffer // 2, f"page-in peak {peak} B: a whole buffer ({buffer} B) was copied"
+    gens = [0] * n
+    np.testing.assert_array_equal(snap_rows(first)[0], expect(gens, n - 512, n - 256)[0])
+    np.testing.assert_array_equal(snap_rows(high)[0], expect(gens, n - 256, n)[0])
+    gens[n - 512:n - 384] = [1] * 128
+    np.testing.assert_array_equal(live_rows(live)[0], expect(gens, 0, n - 384)[0])
+    for s in (first, high, owned):
+        s.release()
+
+
+def test_a_view_of_rows_the_page_in_wrote_copies_the_written_rows():
+    """The other side of the rule above: a restored snapshot adopted as a view whose rows the first
+    chunk overwrites (the request resumed inside its node) is copied from the written buffer, so it
+    keeps the rows it was restored with, not the ones the buffer held before."""
+    from impl.caches.evaluation import deferred_eval
+
+    n = 1024
+    live, other = KVCache(layer=0), KVCache(layer=0)
+    write(live, 0, n)
+    write(other, 1, n - 256)
+    owned = other.snapshot(n - 512)                       # [n-512, n-256) of generation 1
+    other.free()
+    assert live.restore(None, n - 512)
+    with deferred_eval():
+        assert live.restore(owned, n - 384)               # all its rows written; adopted: a view again
+        assert owned.lazy
+        live.before_write(256)                            # the first chunk [n-384, n-128) overwrites its tail
+    assert not owned.lazy
+    np.testing.assert_array_equal(snap_rows(owned)[0], expect([1] * n, n - 512, n - 256)[0])
+    owned.release()
