@@ -460,6 +460,22 @@ def test_would_copy_stays_exact_through_writes_views_rewinds_and_clears(steps, n
         s.release()
 
 
+def page_in_peak(live: KVCache, page_in) -> tuple[int, int]:
+    """(peak bytes above the start, the live buffer's bytes) of `page_in()` run in one deferred
+    evaluation, then the buffer evaluated as the next forward does."""
+    from impl.caches.evaluation import deferred_eval
+
+    buffer = live.keys.nbytes + live.values.nbytes
+    mx.eval(live.keys, live.values)
+    mx.synchronize()
+    mx.reset_peak_memory()
+    base = mx.get_active_memory()
+    with deferred_eval():
+        page_in()
+    mx.eval(live.keys, live.values)
+    return mx.get_peak_memory() - base, buffer
+
+
 def test_a_page_in_that_copies_views_out_writes_the_live_buffer_in_place():
     """Inside one deferred evaluation, a restore that overwrites lazy views copies them out and writes
     the snapshot's rows in. The block evaluates the copies; the write is left to the next evaluation
@@ -467,8 +483,6 @@ def test_a_page_in_that_copies_views_out_writes_the_live_buffer_in_place():
     page-in's peak is the views' copies, not a second whole buffer (MLX copies a buffer for a write
     while a pending copy still reads it). The peak is asserted on the CPU (CI's device), where it is
     exact; the rows everywhere."""
-    from impl.caches.evaluation import deferred_eval
-
     n = 4096
     live, other = KVCache(layer=0), KVCache(layer=0)
     write(live, 0, n)
@@ -478,15 +492,10 @@ def test_a_page_in_that_copies_views_out_writes_the_live_buffer_in_place():
     other.free()                                          # the snapshot copies its rows out: owned now
     assert view.lazy and not owned.lazy
     assert live.restore(None, n - 256)
-    buffer = live.keys.nbytes + live.values.nbytes
-    mx.eval(live.keys, live.values)
-    mx.synchronize()
-    mx.reset_peak_memory()
-    base = mx.get_active_memory()
-    with deferred_eval():
+
+    def page_in():
         assert live.restore(owned, n)
-    mx.eval(live.keys, live.values)                      # as the next forward does
-    peak = mx.get_peak_memory() - base
+    peak, buffer = page_in_peak(live, page_in)
     assert not view.lazy and owned.lazy                  # the view copied out; the snapshot adopted
     if mx.default_device() == mx.cpu:    # a GPU backend may release the copies' temporaries a little after
         assert peak < view.size + buffer // 2, f"page-in peak {peak} B: a whole buffer ({buffer} B) was copied"
@@ -505,8 +514,6 @@ def test_a_first_write_after_a_page_in_copies_its_views_from_the_buffer_before_t
     block evaluates no write: the write is left to the forward, which updates the buffer in place.
     (Read from the written buffer, the copy would evaluate the write while the first copy still reads
     the old buffer, and MLX would copy the whole buffer: the CPU's exact peak shows it.)"""
-    from impl.caches.evaluation import deferred_eval
-
     n = 4096
     live, other = KVCache(layer=0), KVCache(layer=0)
     write(live, 0, n)
@@ -518,17 +525,12 @@ def test_a_first_write_after_a_page_in_copies_its_views_from_the_buffer_before_t
     other.free()
     assert first.lazy and high.lazy and not owned.lazy
     assert live.restore(None, n - 512)
-    buffer = live.keys.nbytes + live.values.nbytes
-    mx.eval(live.keys, live.values)
-    mx.synchronize()
-    mx.reset_peak_memory()
-    base = mx.get_active_memory()
-    with deferred_eval():
+
+    def page_in():
         assert live.restore(owned, n - 384)               # writes [n-512, n-384), copies `first` out
         live.before_write(256)                            # the first chunk [n-384, n-128): copies `high` out
+    peak, buffer = page_in_peak(live, page_in)
     assert not first.lazy and not high.lazy
-    mx.eval(live.keys, live.values)                       # as the next forward does
-    peak = mx.get_peak_memory() - base
     if mx.default_device() == mx.cpu:
         assert peak < first.size + high.size + buffer // 2, f"page-in peak {peak} B: a whole buffer ({buffer} B) was copied"
     gens = [0] * n
