@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from impl.platform import OPENBLAS, OPENBLAS_THREAD_TIMEOUT, reexec_with_openblas
+from impl.platform import command as platform_command, reexec_with_openblas
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "<!-- analysis of this run: hand-written below, kept by later reruns in 'Earlier runs' -->"
@@ -97,7 +97,7 @@ def main(argv=None) -> list:
     print(floors.table(floor_lines))
     print(f"\n{elapsed:.0f} s")
 
-    command = (f"LD_PRELOAD={OPENBLAS} OPENBLAS_THREAD_TIMEOUT={OPENBLAS_THREAD_TIMEOUT} .venv/bin/python -m bench"
+    command = (platform_command("bench")
                + ("" if not (argv or sys.argv[1:]) else " " + " ".join(map(shlex.quote, argv or sys.argv[1:]))))
     png_note = ""
     if args.png:

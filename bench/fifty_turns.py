@@ -31,7 +31,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from impl.platform import OPENBLAS, OPENBLAS_THREAD_TIMEOUT
+from impl.platform import command as platform_command
 from impl.prefix_cache import PrefixCache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -241,7 +241,7 @@ def main(argv=None) -> dict:
         bks.append(b)
     elapsed = time.perf_counter() - t0
     given = argv if argv is not None else sys.argv[1:]
-    command = (f"LD_PRELOAD={OPENBLAS} OPENBLAS_THREAD_TIMEOUT={OPENBLAS_THREAD_TIMEOUT} .venv/bin/python -m bench.fifty_turns"
+    command = (platform_command("bench.fifty_turns")
                + ("" if not given else " " + " ".join(map(shlex.quote, given))))
     md = markdown(res, bks, command, started, elapsed)
     print(md)

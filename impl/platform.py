@@ -41,6 +41,12 @@ def platform_env(env: Mapping[str, str]) -> dict:
     return out
 
 
+def command(module: str) -> str:
+    """The shell command that runs ``python -m module`` from the project's root with these settings
+    (as reports record it)."""
+    return f"LD_PRELOAD={OPENBLAS} OPENBLAS_THREAD_TIMEOUT={OPENBLAS_THREAD_TIMEOUT} .venv/bin/python -m {module}"
+
+
 def preload_env(env: Mapping[str, str]) -> dict:
     """``platform_env(env)`` with OPENBLAS_NUM_THREADS defaulting to 1 (callers run one process per
     core)."""

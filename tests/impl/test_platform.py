@@ -35,3 +35,10 @@ def test_dev_starts_python_with_the_values_written_in_platform_py():
                           "import os; print(os.environ['LD_PRELOAD']); print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"],
                          env=env, capture_output=True, text=True, timeout=300, check=True).stdout.split()
     assert out == [platform.OPENBLAS, platform.OPENBLAS_THREAD_TIMEOUT]
+
+
+def test_the_recorded_command_carries_the_same_settings():
+    cmd = platform.command("bench")
+    assert cmd.endswith(".venv/bin/python -m bench")
+    assert f"LD_PRELOAD={platform.OPENBLAS}" in cmd
+    assert f"OPENBLAS_THREAD_TIMEOUT={platform.OPENBLAS_THREAD_TIMEOUT}" in cmd
