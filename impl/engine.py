@@ -190,13 +190,15 @@ class Engine:
         return validate_media(media, len(tokens))
 
     # ---------------------------------------------------------- forward
-    def _forward(self, tokens, p: int, media, request_spans, logits: bool = True) -> mx.array | None:
+    def _forward(self, tokens, p: int, media, request_spans, logits: bool = True, views: bool = True) -> mx.array | None:
         """One model forward at offset p. A prefill chunk (logits=False) evaluates only the caches:
-        the vocabulary projection of its positions is never computed."""
+        the vocabulary projection of its positions is never computed. views=False: the caller knows
+        that no lazy snapshot lies in the rows written (no check)."""
         q = p + len(tokens)
-        w0 = time.perf_counter()
-        before_write(self._copying, q - p)                 # lazy snapshots this write overwrites: copied out
-        self.copies_s += time.perf_counter() - w0
+        if views:
+            w0 = time.perf_counter()
+            before_write(self._copying, q - p)             # lazy snapshots this write overwrites: copied out
+            self.copies_s += time.perf_counter() - w0
         hits = [m for m in media if m.pos < q and p < m.end]
         if hits:
             mask = np.zeros((1, q - p, 1), dtype=bool)
@@ -258,8 +260,10 @@ class Engine:
                 self.pc.prefilled()
                 n = len(tokens)
                 if max_tokens > 0:
-                    f0 = time.perf_counter()
-                    logits = self._forward(tokens[n - 1:], n - 1, media, spans)
+                    f0 = time.perf_counter()         # the seed and decode write rows [n-1, n-1+max_tokens) and
+                    views = any(c.would_copy(max_tokens) for c in self._copying)    # make no view: one check
+                    self.copies_s += time.perf_counter() - f0                       # when none lies there
+                    logits = self._forward(tokens[n - 1:], n - 1, media, spans, views=views)
                     fwd += time.perf_counter() - f0
                     self.pc.evaluated(keys[n - 1:])
                     first_logits = logits[0, -1]
@@ -274,7 +278,7 @@ class Engine:
                             cancelled = cancelled or (len(produced) < max_tokens and tok != self.eos)
                             break
                         f0 = time.perf_counter()
-                        logits = self._forward([tok], self.pc.offset, (), [])
+                        logits = self._forward([tok], self.pc.offset, (), [], views=views)
                         fwd += time.perf_counter() - f0
                         self.pc.evaluated([tok])
         finally:

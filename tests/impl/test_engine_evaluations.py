@@ -44,12 +44,12 @@ def recorder(monkeypatch, e: Engine) -> list:
     forward, close, generate = e._forward, e.pc.close, e.generate
     forwards = [0]
 
-    def tagged_forward(tokens, p, media, spans, logits=True):
+    def tagged_forward(tokens, p, media, spans, logits=True, **kw):
         forwards[0] += 1
         phase[0] = "decode" if logits and forwards[0] > 1 and len(tokens) == 1 and p >= e.pc.request.stats.total \
             else "forward"
         try:
-            return forward(tokens, p, media, spans, logits)
+            return forward(tokens, p, media, spans, logits, **kw)
         finally:
             phase[0] = "between"
 
@@ -87,3 +87,38 @@ def test_a_conversation_switch_synchronises_once_before_its_first_forward(hybrid
     assert "decode" not in log and "close" not in log, log
     cold = Engine(hybrid, capture_interval=1 << 20, near_end=0).generate(a2, max_tokens=1)
     assert max_abs(r.first_logits, cold.first_logits) <= TOL[hybrid.name]    # C1, calibrated (TF32 on a GPU)
+
+
+def test_decode_asks_about_lazy_views_once_and_still_copies_those_it_overwrites(hybrid, monkeypatch):
+    """The seed and the decode steps write rows [n-1, n-1+max_tokens) and make no view, so the engine
+    asks once: when no lazy view lies there, no step calls before_write; when one does (a shorter
+    conversation decoding over a longer one's tail), every step asks, so each step's copies of all
+    layers are one evaluation, and the longer conversation, resumed, gets its own rows back (C1
+    against a cold prefill; a skipped question would not lose rows, as a KV write copies out the
+    views it overwrites itself, but would evaluate the copies layer by layer)."""
+    import impl.engine as engine_module
+
+    calls = []
+    real = engine_module.before_write
+    monkeypatch.setattr(engine_module, "before_write", lambda caches, n: (calls.append(n), real(caches, n)))
+    e = Engine(hybrid, capture_interval=1 << 20, near_end=0)
+    system = {"role": "system", "content": "You answer every question in one short sentence, politely."}
+    long_q = [system, {"role": "user", "content": "Describe, in some detail, how a river carves a canyon "
+                                                  "over millions of years, and what the rock layers show."}]
+    short_q = [system, {"role": "user", "content": "Hi?"}]
+    prefilled = e.pc.prefilled
+    monkeypatch.setattr(e.pc, "prefilled", lambda: (calls.append("prefilled"), prefilled()))
+    first = e.generate(long_q, max_tokens=6, stop_at_eos=False)
+    assert calls[-1] == "prefilled", calls             # the prefill chunks asked; the seed and decode did not
+    calls.clear()
+    views_past = max(s.end for _, c in e.pc._kv for s in c._views)
+    r = e.generate(short_q, max_tokens=40, stop_at_eos=False)
+    n = r.prompt_tokens
+    assert n + 40 > views_past > n                     # the decode overwrites the long conversation's tail
+    assert calls[calls.index("prefilled") + 1:] == [1] * 40, calls    # then every step asks (seed, 39 steps)
+    again = long_q + [{"role": "assistant", "content": hybrid.tokenizer.decode(first.tokens)},
+                      {"role": "user", "content": "Shorter, please."}]
+    resumed = e.generate(again, max_tokens=1)
+    assert resumed.stats.resumed == resumed.stats.matched >= views_past, resumed.stats   # over the copied rows
+    cold = Engine(hybrid, capture_interval=1 << 20, near_end=0).generate(again, max_tokens=1)
+    assert max_abs(resumed.first_logits, cold.first_logits) <= TOL[hybrid.name]
