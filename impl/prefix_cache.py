@@ -17,13 +17,17 @@ Invariants kept here (REFERENCE ids; checked after every operation when
       points are; LRU first (ties deeper, larger, key path); a leaf is removed,
       a one-child node merged into its child.
   A1  no KV row is held twice: owned KV on the active path becomes a view of the live rows.
+The A1 and P2 scans of the active path skip the nodes they settled before (impl/settled.py).
 """
 from __future__ import annotations
 
 import time
+from bisect import bisect_left, bisect_right
+
 from impl import dump, invariants
 from impl.caches.evaluation import deferred_eval
 from impl.request import Request, Stats
+from impl.settled import Settled
 from impl.trie import Node, Trie, common_prefix, match
 
 
@@ -63,6 +67,7 @@ class PrefixCache:
         self.check = check
         self.seq: list = []
         self.path: list = [self.trie.root]
+        self.settled = Settled(self.trie.root)                # how far the path scans skip (impl/settled.py)
         self.clock = 0
         self.request: Request | None = None
         self.evictions = 0
@@ -134,6 +139,7 @@ class PrefixCache:
             self._restore(path, resume, common)
             self.seq = list(keys[:resume])
             self.path = self._split_at_live(path, resume)
+            self.settled.kept(self.path)
             self.touch(self.frontier)
             plan = schedule(len(keys), resume, matched, spans, self.interval, self.near_end, boundaries)
             self.request = Request(keys, spans, matched, resume, plan, evictions_before=evictions_before,
@@ -156,51 +162,70 @@ class PrefixCache:
             kept.append(self.trie.split(inside[0], resume))
         return kept
 
-    def _source(self, i: int, path: list, x: int, common: int):
-        """Where whole-state layer i gets its state at x (see spec.cache.source)."""
+    def _source(self, i: int, path: list, x: int, common: int, ends=None):
+        """Where whole-state layer i gets its state at x (see spec.cache.source). `ends`: the path's
+        node ends (ascending, T1), to skip the nodes ending before x by bisection."""
         cache = self.caches[i]
         if x == 0:
             return "reset"
         if x <= common and cache.can_restore(None, x):
             return "live"
-        for n in path[1:]:
+        for n in path[bisect_left(ends, x, 1) if ends else 1:]:
             s = n.snaps[i]
             if s is not None and n.end >= x and cache.can_restore(s, x):   # (no state restores past its end)
                 return s
         return None
 
-    def _reachable(self, i: int, path: list, x: int, common: int) -> bool:
+    def _reachable(self, i: int, path: list, x: int, common: int, ends=None, kv_reach=None) -> bool:
         if self.caches[i].kind == "kv":
+            if kv_reach is not None:
+                return x <= kv_reach[i]
             return all(n.snaps[i] is not None for n in path[1:] if n.start < x)
-        return self._source(i, path, x, common) is not None
+        return self._source(i, path, x, common, ends) is not None
+
+    def _kv_reach(self, path: list) -> dict:
+        """Per KV layer, the largest offset it reaches along `path`: the start of the first node
+        without its snapshot (every node starting before x must hold one), else unbounded."""
+        reach = {i: 1 << 62 for i, _ in self._kv}
+        missing = set(reach)
+        for n in path[1:]:
+            for i in [i for i in missing if n.snaps[i] is None]:
+                reach[i] = n.start
+                missing.discard(i)
+            if not missing:
+                break
+        return reach
 
     def _resume(self, path: list, matched: int, common: int, spans) -> int:
         """The largest x <= matched that every layer can reach and that is not
         strictly inside a non-causal span. Feasible sets are unions of points
         and prefixes [0, b], so the maximum is a point, a bound, or a span start
         (a snapshot's bound is its node's end: S1, S2)."""
+        ends = [n.end for n in path]
+        kv_reach = self._kv_reach(path)
         cands = {matched, common, self.offset}
-        cands.update(n.end for n in path[1:])
+        cands.update(ends[1:])
         cands.update(a for a, _ in spans)
         for x in sorted((c for c in cands if c <= matched), reverse=True):
-            if _inside(x, spans) is None and all(self._reachable(i, path, x, common) for i in self.stateful()):
+            if _inside(x, spans) is None and all(self._reachable(i, path, x, common, ends, kv_reach) for i in self.stateful()):
                 return x
         return 0
 
     def _restore(self, path: list, x: int, common: int) -> None:
+        ends = [n.end for n in path]
         for i in self.stateful():
             cache = self.caches[i]
             if cache.kind == "kv":
                 ok = cache.restore(None, min(common, x))
                 if cache.offset < x:
                     cache.before_write(x - cache.offset)     # the views the rows below overwrite, in one pass
-                for n in path[1:]:
-                    if n.start >= x:
-                        break
-                    if cache.offset < n.end and cache.offset < x:
-                        ok = ok and cache.restore(n.snaps[i], min(n.end, x))
+                    for n in path[bisect_right(ends, cache.offset, 1):]:    # (the nodes ending past it)
+                        if n.start >= x:
+                            break
+                        if cache.offset < n.end and cache.offset < x:
+                            ok = ok and cache.restore(n.snaps[i], min(n.end, x))
             else:
-                src = self._source(i, path, x, common)
+                src = self._source(i, path, x, common, ends)
                 ok = cache.restore(None, 0) if src == "reset" else cache.restore(None if src == "live" else src, x)
             assert ok and cache.offset == x, f"T3: layer {i} could not be restored to {x}"
 
@@ -319,15 +344,16 @@ class PrefixCache:
     def _adopt_path(self) -> None:
         """No row held twice: owned KV on the active path below the offset becomes a view of the live
         rows, which hold the path's tokens (spec adopt_path)."""
-        for n in self.path[1:]:
+        for n in self.path[self.settled.start(self.path, self.settled.adopted):]:
             for i, c in self._kv:
                 s = n.snaps[i]
                 if s is not None and not s.lazy:             # most are views already
                     c.adopt(s)                               # refuses rows past the offset
+        self.settled.adopted = self.settled.after_scan(self.path)
 
     def _compact(self) -> None:
         """P2: merge each non-user single-child node of the active path that holds no whole-state snapshot."""
-        i = 1
+        i = self.settled.start(self.path, self.settled.compacted)
         while i < len(self.path) - 1:
             n = self.path[i]
             if not n.user and len(n.children) == 1 and all(s is None or s.kind == "kv" for s in n.snaps):
@@ -335,6 +361,7 @@ class PrefixCache:
                 self.trie.merge_with_child(n)
             else:
                 i += 1
+        self.settled.compacted = self.settled.after_scan(self.path)
 
     def evictable(self, n: Node) -> bool:
         """E2: all but the root, the frontier and branch points."""
@@ -369,6 +396,7 @@ class PrefixCache:
             if self.check:
                 invariants.assert_evictable(self, v)
             self.evictions += 1
+            self.settled.evicting(self.path, v)
             if self.check or self.record_victims:
                 self.victims.append(v.path_keys())
             if v.children:                                   # E4

@@ -395,3 +395,30 @@ def test_resume_sources_come_from_nodes_before_the_match():
     (as the spec does): both resume at 0 and agree."""
     s = windowed_program(([1, 2, 3], [4]), ([1, 2, 4, 4], [1]), ([3, 3, 3, 3, 3, 3, 3], [3]), ([1, 2, 3], [1]))
     s.teardown()
+
+
+# ------------------------------------------------- the path scans' marks (impl/settled.py)
+def request(pc, tracer, keys, boundaries=()):
+    pc.begin(keys, (), boundaries)
+    evaluate_prompt(pc, tracer, keys)
+    pc.prefilled()
+    return pc.close()
+
+
+def test_an_eviction_in_begin_unsettles_a_merged_node_on_the_path():
+    """begin keeps the compaction mark on the user node [0, 2) and extends the path past the old
+    frontier [2, 3) into [3, 7); its eviction then merges the marked node with that unsettled child
+    (E4), and the merged node, no longer a user node, must be compacted (P2). A mark left on it
+    (impl/settled.py) hides it from every later scan: check=True reports P2 at close."""
+    layers = (kv(),)
+    pc, tracer = cache(layers=layers, budget=1 << 40, interval=0, near_end=0, check=True)
+    request(pc, tracer, (1, 2, 3, 4, 5, 6, 7, 8), [2])     # [0, 2) user, [2, 7)
+    request(pc, tracer, (5, 5, 5, 5), [1])                 # an owned branch off the root: [0, 1) user, [1, 3)
+    request(pc, tracer, (1, 2, 3, 4))                      # frontier [2, 3), the rest [3, 7) below it
+    marked = pc.path[1]
+    assert marked.user and pc.settled.compacted is marked
+    pc.budget = 0                                          # (set_budget would evict now, not inside begin)
+    request(pc, tracer, (1, 2, 3, 4, 5, 6, 7, 8, 9))
+    assert pc.evictions == 3 and marked.edge[:3] == (1, 2, 3)   # [0, 2) merged with [2, 3), then the branch
+    assert [n.end for n in pc.path] == [0, 8] and not marked.user
+    assert_sound(pc, tracer, layers)
