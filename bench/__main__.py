@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import shlex
 import sys
 import time
@@ -131,11 +132,58 @@ def main(argv=None) -> list:
     return rows
 
 
+EARLIER = "## Earlier runs (kept as recorded; figures of the code as it was then)"
+_SEPARATOR = re.compile(r"^#{2,} Earlier runs \(kept as recorded|^### Run of ")
+
+
 def _earlier(text: str) -> str:
-    """The file's previous content as an "earlier runs" section (headings one level down)."""
-    body = text.split("\n", 1)[1] if text.startswith("# ") else text
-    body = "\n".join("#" + line if line.startswith("#") else line for line in body.splitlines())
-    return "---\n\n## Earlier runs (kept as recorded; figures of the code as it was then)\n" + body + "\n"
+    """The file's previous content (its run, then the runs it kept) as one flat "Earlier runs" section:
+    each run under "### Run of <its date>", its own headings at level 4. (Files written before this kept
+    each older run one heading level further down, past Markdown's six; they are read the same way.)"""
+    lines = text.splitlines()
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    runs, cur = [], []
+    for line in lines:
+        if _SEPARATOR.match(line):
+            runs.append(cur)
+            cur = []
+        else:
+            cur.append(line)
+    runs.append(cur)
+    out = ["---", "", EARLIER]
+    for run in runs:
+        body = _as_level4(run)
+        if body:
+            date = next((ln[len("- Date: "):].split(";")[0] for ln in body if ln.startswith("- Date: ")), "an unknown date")
+            out += ["", f"### Run of {date}", "", *body]
+    return "\n".join(out) + "\n"
+
+
+def _as_level4(lines: list) -> list:
+    """One run's lines: its shallowest heading at level 4, the rest kept below it; the marker and the
+    trailing rule dropped; code blocks untouched."""
+    fence, levels = False, []
+    for ln in lines:
+        fence ^= ln.startswith("```")
+        if not fence and re.match(r"^#+ ", ln):
+            levels.append(len(ln) - len(ln.lstrip("#")))
+    shift = 4 - min(levels) if levels else 0
+    out, fence = [], False
+    for ln in lines:
+        if ln.startswith("```"):
+            fence = not fence
+        elif not fence and re.match(r"^#+ ", ln):
+            depth = len(ln) - len(ln.lstrip("#"))
+            ln = "#" * min(6, depth + shift) + ln[depth:]
+        elif ln.strip() == MARKER:
+            continue
+        out.append(ln)
+    while out and out[-1].strip() in ("", "---"):
+        out.pop()
+    while out and not out[0].strip():
+        out.pop(0)
+    return out
 
 
 def markdown(rows, checks, lazy, geoms, args, command, started, elapsed, info0, info1, png_note, floor_table="") -> str:

@@ -151,3 +151,40 @@ def test_scale_smoke(tmp_path):
         assert runs["ours"]["prefilled"] < runs["none"]["prefilled"]
         assert runs["ours"]["held_bytes"] > 0 and runs["none"]["held_bytes"] == 0
         assert (tmp_path / f"scale-{arch}-smoke-smoke.md").exists()
+
+
+def test_reruns_keep_earlier_runs_flat_under_dated_headings():
+    """A rerun keeps the file's run and the runs it kept as one flat "Earlier runs" section, each under
+    "### Run of <date>" with its own headings at level 4 (never past Markdown's six), the hand-written
+    analysis kept, the marker and code blocks as they were; a file of the older nested layout (each
+    older run one level further down) reads the same way."""
+    from bench.__main__ import EARLIER, MARKER, _earlier
+
+    def run(date, note):
+        return (f"# Title\n\n- Date: {date}; wall time 1 min.\n\n```\n# a shell comment\n```\n\n## Table\n\n| a |\n"
+                f"\n### Detail\n\n{MARKER}\n\n{note}\n")
+
+    def old_earlier(text):     # the layout before: each older run one heading level further down
+        body = text.split("\n", 1)[1]
+        body = "\n".join("#" + ln if ln.startswith("#") else ln for ln in body.splitlines())
+        return "---\n\n" + EARLIER + "\n" + body + "\n"
+
+    flat = run("2026-01-03 10:00 UTC", "third") + "\n" + _earlier(run("2026-01-02 10:00 UTC", "second") + "\n" +
+                                                                 _earlier(run("2026-01-01 10:00 UTC", "first")))
+    old_layout = run("2026-01-03 10:00 UTC", "third") + "\n" + old_earlier(
+        run("2026-01-02 10:00 UTC", "second") + "\n" + old_earlier(run("2026-01-01 10:00 UTC", "first")))
+    assert "#### Table" in old_layout and "##### Detail" in old_layout                # (the nesting it had)
+    for text in (flat, old_layout):
+        out = _earlier(text)
+        fence, heads = False, []
+        for ln in out.splitlines():
+            fence ^= ln.startswith("```")
+            if ln.startswith("#") and not fence:
+                heads.append(ln)
+        assert heads == [EARLIER] + [h for d in ("03", "02", "01") for h in
+                                    (f"### Run of 2026-01-{d} 10:00 UTC", "#### Table", "##### Detail")]
+        assert MARKER not in out
+        assert text is old_layout or out.count("\n# a shell comment\n") == 3       # (the old layout edited them)
+        assert [ln for ln in out.splitlines() if ln in ("first", "second", "third")] == ["third", "second", "first"]
+    deep = "# T\n\n- Date: 2026-01-09 10:00 UTC; x\n\n######## Deep\n"     # an old file's run seven levels down
+    assert "#### Deep" in _earlier(deep).splitlines()
