@@ -162,25 +162,24 @@ class PrefixCache:
             kept.append(self.trie.split(inside[0], resume))
         return kept
 
-    def _source(self, i: int, path: list, x: int, common: int, ends=None):
+    def _source(self, i: int, path: list, x: int, common: int, ends: list):
         """Where whole-state layer i gets its state at x (see spec.cache.source). `ends`: the path's
-        node ends (ascending, T1), to skip the nodes ending before x by bisection."""
+        node ends, ascending (T1): the search starts at the first node ending at or past x (no state
+        restores past its end)."""
         cache = self.caches[i]
         if x == 0:
             return "reset"
         if x <= common and cache.can_restore(None, x):
             return "live"
-        for n in path[bisect_left(ends, x, 1) if ends else 1:]:
+        for n in path[bisect_left(ends, x, 1):]:
             s = n.snaps[i]
-            if s is not None and n.end >= x and cache.can_restore(s, x):   # (no state restores past its end)
+            if s is not None and cache.can_restore(s, x):
                 return s
         return None
 
-    def _reachable(self, i: int, path: list, x: int, common: int, ends=None, kv_reach=None) -> bool:
+    def _reachable(self, i: int, path: list, x: int, common: int, ends: list, kv_reach: dict) -> bool:
         if self.caches[i].kind == "kv":
-            if kv_reach is not None:
-                return x <= kv_reach[i]
-            return all(n.snaps[i] is not None for n in path[1:] if n.start < x)
+            return x <= kv_reach[i]
         return self._source(i, path, x, common, ends) is not None
 
     def _kv_reach(self, path: list) -> dict:

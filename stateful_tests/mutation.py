@@ -5,7 +5,7 @@ explained.
     ./dev mutation [--max-children N] [--fresh] [--report DIR] [mutant-glob ...]
 
 What runs: mutmut (configured in pyproject.toml, [tool.mutmut]) mutates
-impl/trie.py and impl/prefix_cache.py and, for each mutant, runs the tests
+impl/trie.py, impl/prefix_cache.py and impl/settled.py and, for each mutant, runs the tests
 that reach the mutated function among `stateful_tests/test_conformance.py`
 (the seven conformance machines and the kept regressions) and
 `stateful_tests/test_directed.py` (what requests cannot reach) under the
@@ -170,7 +170,7 @@ def report(v: dict, status: dict, changes: dict, diffs: dict, seconds: dict) -> 
     by_function = defaultdict(list)
     for n in status:
         by_function[function_of(n)].append(n)
-    lines = ["# Mutation testing: impl/trie.py and impl/prefix_cache.py", "",
+    lines = ["# Mutation testing: impl/trie.py, impl/prefix_cache.py and impl/settled.py", "",
              f"mutants: {v['total']}; detected (killed or timed out): {v['detected']}; "
              f"score **{v['score']:.1%}**; explained as equivalent: {len(v['equivalent'])} "
              f"(score without them **{v['score_without_equivalent']:.1%}**); "

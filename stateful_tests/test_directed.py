@@ -12,10 +12,12 @@ mutation run (stateful_tests/mutation.py) found the gaps they close.
   the counter (A1);
 - E3 ties: the eviction order on tries whose nodes share last-used times;
 - a trie left by an older version (a stored path ending inside what is now a
-  non-causal item): the match floors to the item's start (M3) and a capture
-  that starts before its node is clipped to the edge (S1);
+  non-causal item): the match floors to the item's start (M3), no other resume
+  candidate lands inside an item, and a capture that starts before its node is
+  clipped to the edge (S1);
 - a windowed layer rewinds live to the common prefix (no snapshot needed);
-- close reports the prefill cuts (`Stats.chunks`, read by the fuzz oracle).
+- close reports the prefill cuts (`Stats.chunks`, read by the fuzz oracle);
+- the path scans' marks (impl/settled.py) across an eviction inside begin.
 """
 from __future__ import annotations
 
@@ -331,6 +333,20 @@ def test_legacy_trie_floors_the_match_and_clips_the_capture():
     assert (5, 8) in ends and (ends[(5, 8)].start, ends[(5, 8)].end) == (5, 8)
     assert_sound(pc, tracer, layers)
 
+
+
+def test_legacy_trie_never_resumes_inside_an_earlier_item():
+    """A whole-state layer whose only state below the match lies strictly inside a non-causal item
+    (a trie an older version left behind: node [0, 5) with its state at 5, under an item at [3, 8))
+    resumes below the item, not at 5 (M3 for every candidate offset, not only for the match)."""
+    layers = (kv(), recurrent())
+    pc, tracer = cache(layers=layers, budget=1 << 40, interval=0, near_end=0)    # (check=True: M2 on the trie)
+    run(pc, tracer, tuple(range(1, 14)))           # [0, 12), its state at 12
+    run(pc, tracer, (1, 2, 3, 4, 5, 99))           # branches at 5: [0, 5) gets the state at 5
+    keys, spans = tuple(range(1, 11)) + (50, 51), [(3, 8)]
+    (matched, resume), _ = run(pc, tracer, keys, spans)
+    assert (matched, resume) == (10, 0)
+    assert_sound(pc, tracer, layers)
 
 # ------------------------------------------------ close deep inside a stored path
 def test_close_splits_an_edge_below_a_whole_stored_node():
