@@ -163,22 +163,14 @@ def _earlier(text: str) -> str:
 def _as_level4(lines: list) -> list:
     """One run's lines: its shallowest heading at level 4, the rest kept below it; the marker and the
     trailing rule dropped; code blocks untouched."""
-    fence, levels = False, []
-    for ln in lines:
+    depth, fence = {}, False                       # line index -> heading depth, outside code blocks
+    for k, ln in enumerate(lines):
         fence ^= ln.startswith("```")
         if not fence and re.match(r"^#+ ", ln):
-            levels.append(len(ln) - len(ln.lstrip("#")))
-    shift = 4 - min(levels) if levels else 0
-    out, fence = [], False
-    for ln in lines:
-        if ln.startswith("```"):
-            fence = not fence
-        elif not fence and re.match(r"^#+ ", ln):
-            depth = len(ln) - len(ln.lstrip("#"))
-            ln = "#" * min(6, depth + shift) + ln[depth:]
-        elif ln.strip() == MARKER:
-            continue
-        out.append(ln)
+            depth[k] = len(ln) - len(ln.lstrip("#"))
+    shift = 4 - min(depth.values()) if depth else 0
+    out = ["#" * min(6, depth[k] + shift) + ln[depth[k]:] if k in depth else ln
+           for k, ln in enumerate(lines) if ln.strip() != MARKER]
     while out and out[-1].strip() in ("", "---"):
         out.pop()
     while out and not out[0].strip():

@@ -188,6 +188,8 @@ class PrefixCache:
         reach = {i: 1 << 62 for i, _ in self._kv}
         missing = set(reach)
         for n in path[1:]:
+            if None not in n.snaps:                          # (no layer's missing here: pure attention's case)
+                continue
             for i in [i for i in missing if n.snaps[i] is None]:
                 reach[i] = n.start
                 missing.discard(i)

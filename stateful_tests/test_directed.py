@@ -50,9 +50,9 @@ def evaluate_prompt(pc, tracer, keys, spans=(), chunk=4):
         pc.evaluated(keys[p:q])
 
 
-def run(pc, tracer, keys, spans=(), produce=(), chunk=4):
+def run(pc, tracer, keys, spans=(), produce=(), chunk=4, boundaries=()):
     """One request: begin, prefill in chunks, decode `produce`, close."""
-    result = pc.begin(keys, spans)
+    result = pc.begin(keys, spans, boundaries)
     evaluate_prompt(pc, tracer, keys, spans, chunk)
     pc.prefilled()
     last = keys[-1]
@@ -334,7 +334,6 @@ def test_legacy_trie_floors_the_match_and_clips_the_capture():
     assert_sound(pc, tracer, layers)
 
 
-
 def test_legacy_trie_never_resumes_inside_an_earlier_item():
     """A whole-state layer whose only state below the match lies strictly inside a non-causal item
     (a trie an older version left behind: node [0, 5) with its state at 5, under an item at [3, 8))
@@ -347,6 +346,7 @@ def test_legacy_trie_never_resumes_inside_an_earlier_item():
     (matched, resume), _ = run(pc, tracer, keys, spans)
     assert (matched, resume) == (10, 0)
     assert_sound(pc, tracer, layers)
+
 
 # ------------------------------------------------ close deep inside a stored path
 def test_close_splits_an_edge_below_a_whole_stored_node():
@@ -414,13 +414,6 @@ def test_resume_sources_come_from_nodes_before_the_match():
 
 
 # ------------------------------------------------- the path scans' marks (impl/settled.py)
-def request(pc, tracer, keys, boundaries=()):
-    pc.begin(keys, (), boundaries)
-    evaluate_prompt(pc, tracer, keys)
-    pc.prefilled()
-    return pc.close()
-
-
 def test_an_eviction_in_begin_unsettles_a_merged_node_on_the_path():
     """begin keeps the compaction mark on the user node [0, 2) and extends the path past the old
     frontier [2, 3) into [3, 7); its eviction then merges the marked node with that unsettled child
@@ -428,13 +421,13 @@ def test_an_eviction_in_begin_unsettles_a_merged_node_on_the_path():
     (impl/settled.py) hides it from every later scan: check=True reports P2 at close."""
     layers = (kv(),)
     pc, tracer = cache(layers=layers, budget=1 << 40, interval=0, near_end=0, check=True)
-    request(pc, tracer, (1, 2, 3, 4, 5, 6, 7, 8), [2])     # [0, 2) user, [2, 7)
-    request(pc, tracer, (5, 5, 5, 5), [1])                 # an owned branch off the root: [0, 1) user, [1, 3)
-    request(pc, tracer, (1, 2, 3, 4))                      # frontier [2, 3), the rest [3, 7) below it
+    run(pc, tracer, (1, 2, 3, 4, 5, 6, 7, 8), boundaries=[2])  # [0, 2) user, [2, 7)
+    run(pc, tracer, (5, 5, 5, 5), boundaries=[1])              # an owned branch off the root: [0, 1) user, [1, 3)
+    run(pc, tracer, (1, 2, 3, 4))                              # frontier [2, 3), the rest [3, 7) below it
     marked = pc.path[1]
     assert marked.user and pc.settled.compacted is marked
     pc.budget = 0                                          # (set_budget would evict now, not inside begin)
-    request(pc, tracer, (1, 2, 3, 4, 5, 6, 7, 8, 9))
+    run(pc, tracer, (1, 2, 3, 4, 5, 6, 7, 8, 9))
     assert pc.evictions == 3 and marked.edge[:3] == (1, 2, 3)   # [0, 2) merged with [2, 3), then the branch
     assert [n.end for n in pc.path] == [0, 8] and not marked.user
     assert_sound(pc, tracer, layers)
