@@ -17,6 +17,7 @@ from impl.client import runner_env, runner_processes
 from impl.scheduler import Scheduler
 from impl.server import make_server
 from tests.support.fake_engine import FAKE_ENGINE
+from tests.support.processes import status as process_status
 from tests.support.servers import call, fake_server, lines, state
 
 MiB = 1 << 20
@@ -148,7 +149,7 @@ def test_cli_serve_refuses_other_hosts_and_shuts_down_cleanly():
         p.send_signal(signal.SIGTERM)
         assert p.wait(20) == 0
         for pid in runner_pids:
-            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            assert process_status(pid) in (None, psutil.STATUS_ZOMBIE)
     finally:
         if p.poll() is None:
             p.kill()
