@@ -236,7 +236,7 @@ class Engine:
         cancel = cancel or (lambda: False)
         book0, copies0 = self.pc.bookkeeping_s, self.copies_s
         self._reserve(len(tokens) - 1 + max_tokens)         # the rows this request writes, if it runs to the end
-        produced, first_logits, cancelled, ttft, fwd, opened = [], None, False, 0.0, 0.0, False
+        produced, first_logits, cancelled, ttft, fwd, opened, decoded = [], None, False, 0.0, 0.0, False, []
         try:
             w0 = time.perf_counter()
             with deferred_eval():                            # one MLX evaluation: the page-in and the copies
@@ -265,7 +265,7 @@ class Engine:
                     self.copies_s += time.perf_counter() - f0                       # when none lies there
                     logits = self._forward(tokens[n - 1:], n - 1, media, spans, views=views)
                     fwd += time.perf_counter() - f0
-                    self.pc.evaluated(keys[n - 1:])
+                    decoded = [keys[n - 1]]          # keys evaluated since prefill: reported in one call at the end
                     first_logits = logits[0, -1]
                     while True:
                         tok = sampler(logits)
@@ -280,9 +280,11 @@ class Engine:
                         f0 = time.perf_counter()
                         logits = self._forward([tok], self.pc.offset, (), [], views=views)
                         fwd += time.perf_counter() - f0
-                        self.pc.evaluated([tok])
+                        decoded.append(tok)
         finally:
             if opened:
+                if decoded:
+                    self.pc.evaluated(decoded)
                 stats = self.pc.close()
         self.copies_s += pagein
         text = self.tokenizer.decode(produced) if produced else ""

@@ -2,8 +2,9 @@
 
 Mirrors spec/cache.py verb for verb on real MLX layer caches: begin(keys,
 spans, boundaries) -> for each chunk from next_chunk(): the caller runs the
-model, then evaluated(keys) -> prefilled() -> decode steps, each followed by
-evaluated([key]) -> close(). This class does the bookkeeping only.
+model, then evaluated(keys) -> prefilled() -> decode steps, reported by
+evaluated(keys) (each step, or all at once before close) -> close(). This
+class does the bookkeeping only.
 
 Invariants kept here (REFERENCE ids; checked after every operation when
 `check=True`, through impl.invariants):
@@ -235,23 +236,30 @@ class PrefixCache:
         """The next prefill chunk [p, q) (None when only the decode seed is
         left): at most `chunk` keys, cut at scheduled captures when whole-state
         layers need a forward boundary, extended over a non-causal span (M1)."""
-        req = self.request
+        t0, req = time.perf_counter(), self.request
         p, target = self.offset, len(req.keys) - 1
         if p >= target:
+            self.bookkeeping_s += time.perf_counter() - t0
             return None
         q = min(p + chunk, target)
         if self.whole_state:
             q = min([q] + [c for c, _ in req.schedule if c > p])
-        return p, _chunk_end(q, req.spans)
+        q = _chunk_end(q, req.spans)
+        self.bookkeeping_s += time.perf_counter() - t0
+        return p, q
 
     def evaluated(self, keys) -> None:
-        """The caller ran the model over `keys` at the live offset."""
+        """The caller ran the model over `keys` at the live offset (several decode
+        steps may be reported in one call: nothing reads them before close)."""
+        t0 = time.perf_counter()
         self.seq.extend(keys)
         req = self.request
         if req is not None and not req.prefilled:
             req.chunks.append((len(self.seq) - len(keys), len(self.seq)))
             req.stats.prefilled += len(keys)
-        assert self.offset == len(self.seq), f"T3: caches at {self.offset}, {len(self.seq)} keys evaluated"
+        self.bookkeeping_s += time.perf_counter() - t0
+        if self.check:
+            assert self.offset == len(self.seq), f"T3: caches at {self.offset}, {len(self.seq)} keys evaluated"
 
     def prefilled(self) -> None:
         """Prefill is complete: attach its captures."""
@@ -323,9 +331,10 @@ class PrefixCache:
         before = self._before()
         with deferred_eval():                                # one MLX evaluation: captures, page-out, fit
             self.attach()
-            t0 = time.perf_counter()
+            t0, offset = time.perf_counter(), self.offset
+            assert offset == len(self.seq), f"T3: caches at {offset}, {len(self.seq)} keys evaluated"
             # (no keys past the frontier: no change)
-            self._advance(self.offset)
+            self._advance(offset)
             if self.frontier is not self.root:
                 self._page_out(self.frontier)
             self._adopt_path()

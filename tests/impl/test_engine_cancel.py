@@ -83,3 +83,40 @@ def test_cancel_at_every_chunk_boundary(name, n, chunk, new, models):
         assert d <= TOL[name], (k, d)
         ok, why = greedy_agrees(again.tokens, oracle, tie_gap(lm))
         assert ok, why
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("name", ["qwen3next", "smollm2"])
+@pytest.mark.parametrize("how", ["cancel", "raise"])
+def test_a_decode_stopped_midway_keeps_every_token_it_evaluated(name, how, models):
+    """The Engine reports its decode steps to the prefix cache in one call before close; a decode stopped
+    after its j-th token, by a cancel or by on_token raising, has evaluated the seed and j-1 tokens, and
+    close records exactly those: the live offset, the trie's frontier and a next request's resume."""
+    lm = models[name]
+    n, new = 20, 5
+    prompt = np.random.default_rng(5).integers(1, lm.vocab_size, n).tolist()
+    ref = Engine(lm, check_rules=True).generate(prompt, new, stop_at_eos=False)
+    for j in range(1, new):
+        e = Engine(lm, check_rules=True)
+        seen = []
+
+        def on_token(tok):
+            seen.append(tok)
+            if how == "raise" and len(seen) == j:
+                raise Boom(j)
+
+        if how == "raise":
+            with pytest.raises(Boom):
+                e.generate(prompt, new, on_token=on_token, stop_at_eos=False)
+        else:
+            r = e.generate(prompt, new, on_token=on_token, cancel=lambda: len(seen) >= j, stop_at_eos=False)
+            assert r.cancelled and r.tokens == ref.tokens[:j], (j, r.tokens)
+        assert seen == ref.tokens[:j], j
+        fed = prompt + ref.tokens[:j - 1]
+        assert e.pc.request is None and list(e.pc.seq) == fed, (j, e.pc.seq[n - 1:])
+        assert e.dump_json()["offset"] == len(fed) and [x for x in nodes(e) if x[3]][-1][1] == len(fed), e.dump()
+        again = e.generate(fed + [ref.tokens[j - 1]], 1, stop_at_eos=False)
+        assert again.stats.resumed == len(fed) and again.tokens == ref.tokens[j:j + 1], (j, again.stats)
