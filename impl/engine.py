@@ -240,15 +240,13 @@ class Engine:
         try:
             w0 = time.perf_counter()
             with deferred_eval():                            # one MLX evaluation: the page-in and the copies
-                self.pc.begin(keys, spans, marks)            # of the views the prefill overwrites
+                self.pc.begin(keys, spans, marks)            # of the views the first write overwrites
                 opened = True
                 chunk = self.pc.next_chunk(self.chunk_size)
                 cancelled = chunk is not None and cancel()
                 first = chunk or ((len(tokens) - 1, len(tokens)) if max_tokens > 0 else None)   # (the seed's)
-                if first is not None and not cancelled:      # the prefill runs: copy out, in this one evaluation,
-                    # every view it overwrites (one evaluation per chunk otherwise; a prefill cancelled
-                    # later leaves those past its cut owned, valid snapshots: copied early, not lost)
-                    before_write(self._copying, max(first[1], len(tokens) - 1) - first[0])
+                if first is not None and not cancelled:      # certain now: a cancel leaves views lazy (spec)
+                    before_write(self._copying, first[1] - first[0])
             pagein = time.perf_counter() - w0 - (self.pc.bookkeeping_s - book0)
             while chunk is not None and not cancelled:
                 p, q = chunk
