@@ -138,6 +138,26 @@ def cut_forward(lm, tokens, cuts, stock: bool = False) -> mx.array:
     return res
 
 
+def media_cut_forward(lm, tokens, media, cuts) -> mx.array:
+    """cut_forward for a prompt with media items, which mlx-lm's stock caches cannot run (no
+    features, no bidirectional mask): a fresh Engine's own forwards over tokens[a:b] for consecutive
+    cuts (never strictly inside a non-causal item, M1), with no prefix cache; the last position's
+    logits. With cuts [0, n-1, n] it is the oracle's cold run of a media prompt."""
+    from impl.engine import Engine
+    from impl.media import noncausal_spans
+
+    e = Engine(lm, capture_interval=0, near_end=0)
+    spans = noncausal_spans(media)
+    for a, b in zip(cuts, cuts[1:]):
+        out = e._forward(tokens[a:b], a, media, spans, logits=True, views=False)
+    res = out[0, -1].astype(mx.float32)
+    mx.eval(res)
+    for c in e.caches:
+        if c is not None:
+            c.free()
+    return res
+
+
 def measure(lm, lengths=None) -> Calibration:
     t0 = time.perf_counter()
     dev = device_key()

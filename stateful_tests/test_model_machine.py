@@ -10,7 +10,9 @@ costs. After every request:
     which layers hold snapshots over which range, lazy flags, bytes);
   - every spec rule holds on the spec, every impl assertion on impl;
   - C1: the first decode logits and the greedy tokens equal a cold run with
-    mlx-lm's own stock caches (text prompts) or a fresh engine (media).
+    mlx-lm's own stock caches (text prompts) or a fresh engine (media), unless
+    the cold path cut where this request's forwards were cut reproduces ours
+    and itself differs from one forward (fuzz.oracle.chunking_tie).
 CI runs the hybrid model (qwen3next); the nightly profile adds SmolLM2.
 """
 from __future__ import annotations
@@ -18,12 +20,14 @@ from __future__ import annotations
 import os
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, rule
 from mlx_lm.models.cache import make_prompt_cache
 
 from fuzz.calibrate import tolerance
+from fuzz.oracle import chunking_tie
 from impl.engine import Engine
 import impl.media
 from impl.models import load
@@ -124,7 +128,11 @@ class ModelMachine(RuleBasedStateMachine):
                 self.cold_cache[key] = (first, out)
         first, out = self.cold_cache[key]
         diff = float(mx.max(mx.abs(first - r.first_logits)).item())
-        assert diff <= tolerance(self.lm), f"C1: first logits differ from cold by {diff} (calibrated tolerance)"
+        if diff > tolerance(self.lm):
+            ours = np.array(r.first_logits.astype(mx.float32))
+            tie = chunking_tie(self.lm, list(tokens), list(media), r, ours, tolerance(self.lm))
+            assert tie is not None, f"C1: first logits differ from cold by {diff} (calibrated tolerance)"
+            return                        # the model has no single cold answer here; the tokens follow ours
         assert r.tokens == out, f"C1: greedy tokens {r.tokens} != cold {out}"
 
     @initialize(target=conversations, words=st.lists(st.sampled_from(WORDS), min_size=3, max_size=20))
