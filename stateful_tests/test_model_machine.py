@@ -211,8 +211,8 @@ class SmolLM2Machine(ModelMachine):
 NIGHTLY = os.environ.get("HYPOTHESIS_PROFILE") == "nightly"
 
 TestModelMachine = ModelMachine.TestCase
-TestModelMachine.settings = settings(settings.default, max_examples=60 if NIGHTLY else 4,
-                                     stateful_step_count=30 if NIGHTLY else 12)
+TestModelMachine.settings = settings(settings.default, max_examples=60 if NIGHTLY else 16,
+                                     stateful_step_count=30 if NIGHTLY else 20)
 
 TestSmolLM2Machine = SmolLM2Machine.TestCase
 TestSmolLM2Machine.settings = settings(settings.default, max_examples=20, stateful_step_count=20)
