@@ -236,17 +236,15 @@ class PrefixCache:
         """The next prefill chunk [p, q) (None when only the decode seed is
         left): at most `chunk` keys, cut at scheduled captures when whole-state
         layers need a forward boundary, extended over a non-causal span (M1)."""
-        t0, req = time.perf_counter(), self.request
+        t0, req, cut = time.perf_counter(), self.request, None
         p, target = self.offset, len(req.keys) - 1
-        if p >= target:
-            self.bookkeeping_s += time.perf_counter() - t0
-            return None
-        q = min(p + chunk, target)
-        if self.whole_state:
-            q = min([q] + [c for c, _ in req.schedule if c > p])
-        q = _chunk_end(q, req.spans)
+        if p < target:
+            q = min(p + chunk, target)
+            if self.whole_state:
+                q = min([q] + [c for c, _ in req.schedule if c > p])
+            cut = (p, _chunk_end(q, req.spans))
         self.bookkeeping_s += time.perf_counter() - t0
-        return p, q
+        return cut
 
     def evaluated(self, keys) -> None:
         """The caller ran the model over `keys` at the live offset (several decode
