@@ -34,6 +34,7 @@ from impl.caches.evaluation import deferred_eval
 from impl.caches.factory import before_write, copying, forward
 from impl.media import BadRequest, keys_of, noncausal_spans, validate_media
 from impl.memory import mlx_memory
+from impl.platform import settle_allocator
 from impl.prefix_cache import PrefixCache
 from impl.request import Stats
 
@@ -214,6 +215,7 @@ class Engine:
         try:
             out = forward(self.model, mx.array([list(map(int, tokens))]), self.caches, views_copied=True)
             mx.eval(*([out] if logits else []), *[a for c in self.caches if c is not None for a in _arrays(c)])
+            settle_allocator()          # the frees of this forward's graph, paid here (impl/platform.py)
         finally:
             self.embedding.patch = None
             for c in self.caches:

@@ -11,15 +11,44 @@ workers"). A preload and this setting only take effect when a process starts, so
   with the preload, when the library exists and is not loaded yet.
 Without the library (or off Linux) both leave the preload alone and everything still works, slower.
 ``./dev`` reads ``OPENBLAS`` from this file, so the path is written once.
+
+glibc's malloc defers coalescing small freed blocks (its "fastbins") to the next request of 1 KiB or
+more, whoever makes it. A forward frees thousands of MLX graph nodes at its end; the first large
+allocation after it paid about 1 ms for them on SmolLM2, and that was often a prefix-cache list
+growing by a few keys, so the forward's cost was counted as bookkeeping. ``settle_allocator()``, called
+where a forward ends, pays that deferred work there (the next forward paid it otherwise: the total is
+unchanged); docs/engine.md, "The allocator's deferred frees".
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import sys
 from typing import Mapping
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 OPENBLAS_THREAD_TIMEOUT = "4"
+
+
+def _glibc():
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return None
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
+    return libc
+
+
+_LIBC = _glibc()
+_LARGE = 1040      # bytes: a chunk past the per-thread cache (1032) and in the large bins (>= 1024)
+
+
+def settle_allocator() -> None:
+    """Make glibc coalesce the small blocks freed so far now (one large allocation, freed at once);
+    nothing elsewhere."""
+    if _LIBC is not None:
+        _LIBC.free(_LIBC.malloc(_LARGE))
 
 
 def openblas_available() -> bool:

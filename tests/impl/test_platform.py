@@ -1,4 +1,5 @@
 """impl/platform.py: the environment entry points and runner processes start with (docs/platform.md)."""
+import ctypes
 import os
 import subprocess
 from pathlib import Path
@@ -42,3 +43,52 @@ def test_the_recorded_command_carries_the_same_settings():
     assert cmd.endswith(".venv/bin/python -m bench")
     assert f"LD_PRELOAD={platform.OPENBLAS}" in cmd
     assert f"OPENBLAS_THREAD_TIMEOUT={platform.OPENBLAS_THREAD_TIMEOUT}" in cmd
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _fastbin_bytes() -> int:
+    """glibc's bytes in freed fastbin blocks (``mallinfo2().fsmblks``): the frees it has deferred."""
+    libc = platform._LIBC
+    libc.mallinfo2.restype = _Mallinfo2
+    return libc.mallinfo2().fsmblks
+
+
+@pytest.mark.skipif(platform._LIBC is None or not hasattr(platform._LIBC, "mallinfo2"), reason="glibc >= 2.33 only")
+def test_settle_allocator_coalesces_the_small_blocks_glibc_deferred():
+    """A forward frees thousands of small blocks; glibc keeps them in fastbins and coalesces them at the
+    next allocation of 1 KiB or more, whoever makes it. settle_allocator pays that where it is called."""
+    libc = platform._LIBC
+    blocks = [libc.malloc(48) for _ in range(4000)]
+    for b in blocks:
+        libc.free(b)
+    assert _fastbin_bytes() > 0             # deferred (beyond the per-thread cache's few blocks a size)
+    platform.settle_allocator()
+    assert _fastbin_bytes() == 0
+
+
+def test_every_engine_forward_settles_the_allocator_inside_its_timing(monkeypatch):
+    """The coalescing of a forward's frees is the forward's cost (forward_s), not the next bookkeeping
+    call's: Engine._forward settles once per forward, after its evaluation."""
+    import impl.engine as engine_module
+    from impl.engine import Engine
+    from impl.models import load
+
+    e = Engine(load("qwen3next"), near_end=0)
+    calls, forwards, real = [], [0], e._forward
+
+    def counted(*a, **k):
+        forwards[0] += 1
+        n = len(calls)
+        out = real(*a, **k)
+        assert len(calls) == n + 1, "a forward returned without settling the allocator"
+        return out
+
+    monkeypatch.setattr(engine_module, "settle_allocator", lambda: calls.append(1))
+    monkeypatch.setattr(e, "_forward", counted)
+    e.generate(list(range(1, 40)), max_tokens=5, stop_at_eos=False)
+    assert forwards[0] >= 2 and len(calls) == forwards[0]
