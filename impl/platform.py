@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import sys
 from typing import Mapping
 
@@ -32,7 +31,10 @@ OPENBLAS_THREAD_TIMEOUT = "4"
 
 
 def _glibc():
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
+            return None
+    except (AttributeError, ValueError, OSError):
         return None
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
