@@ -1,7 +1,7 @@
 """impl/platform.py: the environment entry points and runner processes start with (docs/platform.md)."""
-import ctypes
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,30 +45,34 @@ def test_the_recorded_command_carries_the_same_settings():
     assert f"OPENBLAS_THREAD_TIMEOUT={platform.OPENBLAS_THREAD_TIMEOUT}" in cmd
 
 
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-
-def _fastbin_bytes() -> int:
-    """glibc's bytes in freed fastbin blocks (``mallinfo2().fsmblks``): the frees it has deferred."""
-    libc = platform._LIBC
-    libc.mallinfo2.restype = _Mallinfo2
-    return libc.mallinfo2().fsmblks
+_SETTLE_PROBE = """
+import ctypes
+from impl import platform
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = platform._LIBC
+libc.mallinfo2.restype = Mallinfo2
+fast = lambda: libc.mallinfo2().fsmblks          # bytes in freed fastbin blocks: the frees glibc deferred
+blocks = [libc.malloc(48) for _ in range(4000)]
+for b in blocks:
+    libc.free(b)
+deferred = fast()
+platform.settle_allocator()
+print(deferred, fast())
+"""
 
 
 @pytest.mark.skipif(platform._LIBC is None or not hasattr(platform._LIBC, "mallinfo2"), reason="glibc >= 2.33 only")
 def test_settle_allocator_coalesces_the_small_blocks_glibc_deferred():
     """A forward frees thousands of small blocks; glibc keeps them in fastbins and coalesces them at the
-    next allocation of 1 KiB or more, whoever makes it. settle_allocator pays that where it is called."""
-    libc = platform._LIBC
-    blocks = [libc.malloc(48) for _ in range(4000)]
-    for b in blocks:
-        libc.free(b)
-    assert _fastbin_bytes() > 0             # deferred (beyond the per-thread cache's few blocks a size)
-    platform.settle_allocator()
-    assert _fastbin_bytes() == 0
+    next allocation of 1 KiB or more, whoever makes it. settle_allocator pays that where it is called.
+    (In a fresh process: one thread, one arena, nothing else freeing meanwhile.)"""
+    out = subprocess.run([sys.executable, "-c", _SETTLE_PROBE], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()
+    deferred, after = int(out[0]), int(out[1])
+    assert deferred > 100_000                # 4000 x 48 B, beyond the per-thread cache's few blocks a size
+    assert after == 0
 
 
 def test_every_engine_forward_settles_the_allocator_inside_its_timing(monkeypatch):
