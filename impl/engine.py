@@ -30,7 +30,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from impl.caches.evaluation import deferred_eval
+from impl.caches.evaluation import deferred_eval, evaluate
 from impl.caches.factory import before_write, copying, forward
 from impl.media import BadRequest, keys_of, noncausal_spans, validate_media
 from impl.memory import mlx_memory
@@ -213,8 +213,9 @@ class Engine:
             if c is not None:
                 c.attention_spans = request_spans
         try:
-            out = forward(self.model, mx.array([list(map(int, tokens))]), self.caches, views_copied=True)
-            mx.eval(*([out] if logits else []), *[a for c in self.caches if c is not None for a in _arrays(c)])
+            with deferred_eval():       # one MLX evaluation: the forward and the captures its caches took
+                out = forward(self.model, mx.array([list(map(int, tokens))]), self.caches, views_copied=True)
+                evaluate(*([out] if logits else []), *[a for c in self.caches if c is not None for a in _arrays(c)])
             settle_allocator()          # the frees of this forward's graph, paid here (impl/platform.py)
         finally:
             self.embedding.patch = None

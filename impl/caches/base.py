@@ -281,7 +281,8 @@ class WholeStateCache(LayerCache):
         self._check_target(start)
         if start > self.offset:
             raise CacheError(f"snapshot start {start} is past the cache offset {self.offset}")
-        return self._capture(start, self.offset)     # evaluated at this cache's next restore or forward
+        return self._capture(start, self.offset)     # evaluated with the next forward (recurrent), or at the
+                                                     # next restore when the buffer is written in place
 
     def prepare_captures(self, offsets) -> None:
         self._sched.prepare(self.offset, offsets)

@@ -83,7 +83,8 @@ class ChunkedCache(WholeStateCache, mlx_cache.ChunkedKVCache):
     def restore(self, snap, target: int) -> bool:
         if self._sched.active:
             raise CacheError("restore while captures are scheduled (take_captures first)")
-        self._eval_captures()                # a page-out left pending by snapshot(): in this page-in's evaluation
+        self._eval_captures()                # a pending page-out: in this page-in's evaluation, before the next
+                                             # forward writes the buffer it reads in place
         if not self.can_restore(snap, target):
             return False
         self._since_boundary = 0

@@ -12,7 +12,9 @@ the time the write runs, and MLX updates the buffer in place. (Evaluated togethe
 the write would find the buffer still read by them, and MLX copies a whole buffer for such a write:
 on SmolLM2's 30 layers, a 320-row buffer with 80 rows copied out and 80 written in, 1.8 ms instead
 of 0.9 on the CPU; docs/caches.md.) Every evaluation is a synchronisation with the MLX stream that
-costs tens of microseconds after a forward, whatever it computes, so a page-in has at most one.
+costs tens of microseconds after a forward, whatever it computes, so a page-in has at most one, and
+so has a forward: the Engine runs each in a block, and the captures its caches take in
+``finish_forward`` (and a recurrent page-out left pending since the last close) are evaluated with it.
 """
 from __future__ import annotations
 

@@ -141,9 +141,8 @@ class RecurrentCache(WholeStateCache, mlx_cache.ArraysCache):
     def restore(self, snap: Optional[StateSnapshot], target: int) -> bool:
         if self._sched.active:
             raise CacheError("restore while captures are scheduled (take_captures first)")
-        self._eval_captures()                # a page-out left pending by snapshot(): in this page-in's evaluation
-        if not self.can_restore(snap, target):
-            return False
+        if not self.can_restore(snap, target):   # (a page-out left pending by snapshot() stays pending: the
+            return False                         # next forward evaluates it, the live slots are replaced, not written)
         self._advanced = 0
         if snap is None:
             if target == 0:

@@ -105,7 +105,9 @@ def test_before_write_copies_composite_parts_views_in_one_evaluation(model_type,
     before_write(caches, 2)
     assert len(evals) == 1 and not lazy()
     forward(model, TOKENS[4:6], caches)
-    assert len(evals) == 1, "the forward had nothing left to copy"
+    # the forward evaluates only the whole-state parts' pending captures (one payload list each,
+    # recurrent.py: they wait for the next forward); a view copied out there would be a (keys, values) pair
+    assert all(n == 1 for n in evals[1:]), f"the forward had nothing left to copy: {evals}"
     for pair in snaps:
         for s in pair:
             s.release()

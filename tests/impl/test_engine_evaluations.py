@@ -7,8 +7,9 @@ conversations on a hybrid model (qwen3next: recurrent layers beside full attenti
 - exactly one evaluation before its first forward: the page-in and the copies of the lazy views its
   first write overwrites, together (later writes copy theirs once their cancel check passed); the
   restored rows themselves are written by the first forward's evaluation, in place;
-- none in a decode step's bookkeeping here (no view lies past the prompt) and none at close (the
-  page-out of the recurrent layers waits for the next page-in's evaluation).
+- none in a decode step's bookkeeping here (no view lies past the prompt): a decode step makes one
+  evaluation, its forward's own; and none at close (the page-out of the recurrent layers waits for
+  the next forward, whose one evaluation takes it along, as it takes the captures its caches take).
 
 The rows stay right: the switched-to conversation's first logits equal a cold prefill's (C1).
 """
@@ -48,6 +49,7 @@ def recorder(monkeypatch, e: Engine) -> list:
         forwards[0] += 1
         phase[0] = "decode" if logits and forwards[0] > 1 and len(tokens) == 1 and p >= e.pc.request.stats.total \
             else "forward"
+        log.append(f"{phase[0]} starts")
         try:
             return forward(tokens, p, media, spans, logits, **kw)
         finally:
@@ -84,7 +86,9 @@ def test_a_conversation_switch_synchronises_once_before_its_first_forward(hybrid
     r = e.generate(a2, max_tokens=12, stop_at_eos=False)
     assert r.stats.resumed > len(e.tokens_of([system])), r.stats   # back on A's branch, past the system prompt
     assert log.count("page-in") == 1, log
-    assert "decode" not in log and "close" not in log, log
+    steps = log.count("decode starts")
+    assert steps == 11 and log.count("decode") == steps, log      # one evaluation a step: its forward's
+    assert "close" not in log, log
     cold = Engine(hybrid, capture_interval=1 << 20, near_end=0).generate(a2, max_tokens=1)
     assert max_abs(r.first_logits, cold.first_logits) <= TOL[hybrid.name]    # C1, calibrated (TF32 on a GPU)
 
