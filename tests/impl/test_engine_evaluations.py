@@ -11,7 +11,10 @@ conversations on a hybrid model (qwen3next: recurrent layers beside full attenti
   evaluation, its forward's own; and none at close (the page-out of the recurrent layers waits for
   the next forward, whose one evaluation takes it along, as it takes the captures its caches take).
 
-The rows stay right: the switched-to conversation's first logits equal a cold prefill's (C1).
+A request that continues the conversation the live caches hold has nothing to copy out, so its page-in
+makes no evaluation at all.
+
+The rows stay right: the first logits equal a cold prefill's (C1).
 """
 from __future__ import annotations
 
@@ -126,3 +129,22 @@ def test_decode_asks_about_lazy_views_once_and_still_copies_those_it_overwrites(
     assert resumed.stats.resumed == resumed.stats.matched >= views_past, resumed.stats   # over the copied rows
     cold = Engine(hybrid, capture_interval=1 << 20, near_end=0).generate(again, max_tokens=1)
     assert max_abs(resumed.first_logits, cold.first_logits) <= TOL[hybrid.name]
+
+
+def test_a_continued_conversation_does_not_synchronise_before_its_first_forward(hybrid, monkeypatch):
+    """Nothing to copy out (the conversation goes on where the live caches rest): the page-in makes no
+    evaluation. The recurrent page-out the last close left pending is evaluated with the first
+    forward (its slots are replaced, never written in place), and the restored rows stay right."""
+    e = Engine(hybrid, capture_interval=1 << 20, near_end=0, check_rules=False)
+    a = [{"role": "system", "content": "You answer every question in one short sentence, politely."},
+         {"role": "user", "content": "What colour is the sky on a clear day?"}]
+    first = e.generate(a, max_tokens=12, stop_at_eos=False)
+    a2 = a + [{"role": "assistant", "content": hybrid.tokenizer.decode(first.tokens)},
+              {"role": "user", "content": "And at sunset?"}]
+    log = recorder(monkeypatch, e)
+    r = e.generate(a2, max_tokens=4, stop_at_eos=False)
+    assert r.stats.resumed > first.prompt_tokens, r.stats        # on from the live caches
+    assert "page-in" not in log and "close" not in log, log
+    assert log.count("forward") == log.count("forward starts"), log    # one evaluation a forward
+    cold = Engine(hybrid, capture_interval=1 << 20, near_end=0).generate(a2, max_tokens=1)
+    assert max_abs(r.first_logits, cold.first_logits) <= TOL[hybrid.name]    # C1, calibrated (TF32 on a GPU)
