@@ -33,80 +33,11 @@ import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models.cache import create_attention_mask
 
-from .base import CacheError, LayerCache, MergeError, Snapshot
+from .base import CacheError, LayerCache, MergeError
 from .captures import CaptureSchedule
 from .evaluation import after_block, evaluate
+from .kv_snapshot import KVSnapshot, _copy_rows, _geometry
 from .masks import span_mask, spans_touching
-
-
-def _copy_rows(x: mx.array, a: int, b: int) -> mx.array:
-    """An owned copy of rows [a, b) along the sequence axis (never a view of x)."""
-    return mx.contiguous(x[..., a:b, :])
-
-
-class KVSnapshot(Snapshot):
-    kind = "kv"
-
-    def __init__(self, start, end, layer=None, cache=None, keys=None, values=None):
-        super().__init__(start, end, layer)
-        self._cache: Optional["KVCache"] = cache  # issuer while lazy; None once owned
-        self.keys = keys
-        self.values = values
-        self._geom = None                         # (owned) _geometry, once computed
-
-    @property
-    def lazy(self) -> bool:
-        return self._cache is not None
-
-    @property
-    def size(self) -> int:
-        if self.keys is None:
-            return 0
-        return self.keys.nbytes + self.values.nbytes
-
-    def _rows(self) -> tuple[mx.array, mx.array]:
-        """This snapshot's rows: its own arrays, or (lazy) slices of the issuer's buffer."""
-        if self._cache is not None:
-            c = self._cache
-            return c.keys[..., self.start : self.end, :], c.values[..., self.start : self.end, :]
-        return self.keys, self.values
-
-    def _geometry(self):
-        if self._cache is not None:
-            return self._cache._geometry()
-        if self._geom is None:                    # an owned snapshot's arrays never change shape
-            self._geom = _geometry(self.keys, self.values)
-        return self._geom
-
-    def _materialise(self, now: bool = True) -> None:
-        """Copy the range out of the issuer's buffer; the hook hears +size (it stays installed: a restore
-        that makes this a view again reports -size through it, KVCache._adopt). ``now=False``: the caller
-        evaluates the copies (one evaluation for several views) before the buffer is written."""
-        c = self._cache
-        if c is None:
-            return
-        keys, values = c._readable(self.start, self.end)
-        self.keys = _copy_rows(keys, self.start, self.end)
-        self._geom = None
-        self.values = _copy_rows(values, self.start, self.end)
-        if now:
-            evaluate(self.keys, self.values)
-        c._views.discard(self)
-        self._cache = None
-        if self.on_materialise is not None:
-            self.on_materialise(self.size)
-
-    def _release(self) -> None:
-        if self._cache is not None:
-            self._cache._views.discard(self)
-            self._cache = None
-        self.keys = self.values = None
-
-
-def _geometry(k, v):
-    if k is None:
-        return None
-    return (k.shape[0], k.shape[1], k.shape[3], v.shape[1], v.shape[3], k.dtype, v.dtype)
 
 
 class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
