@@ -141,8 +141,10 @@ class RecurrentCache(WholeStateCache, mlx_cache.ArraysCache):
     def restore(self, snap: Optional[StateSnapshot], target: int) -> bool:
         if self._sched.active:
             raise CacheError("restore while captures are scheduled (take_captures first)")
-        if not self.can_restore(snap, target):   # (a page-out left pending by snapshot() stays pending: the
-            return False                         # next forward evaluates it, the live slots are replaced, not written)
+        # (a page-out left pending by snapshot() stays pending: the next forward evaluates it, and the
+        # live slots are replaced, never written in place)
+        if not self.can_restore(snap, target):
+            return False
         self._advanced = 0
         if snap is None:
             if target == 0:
