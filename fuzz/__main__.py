@@ -66,6 +66,11 @@ def main_campaign(argv) -> int:
     from .campaign import Campaign
 
     c = Campaign(args, report_dir)
+    for name, why in c.skipped:
+        print(f"not run: {why}", file=sys.stderr)
+    if not c.models:
+        print("no model left to fuzz in this dtype on this backend", file=sys.stderr)
+        return 2
     try:
         c.run(progress=not args.no_progress)
     finally:

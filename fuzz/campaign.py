@@ -16,7 +16,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from impl.models import load
+from impl.models import DtypeUnsupported, load
 
 from .cases import make_case, resolve_settings
 from .oracle import ColdOracle, Failure, OpRecord, Runner
@@ -81,7 +81,12 @@ class Campaign:
         self.report_dir = report_dir
         self.oracle = ColdOracle()
         self.recheck_oracle = ColdOracle()
-        self.models = [ModelRun(m, args.seed, args) for m in args.models]
+        self.models, self.skipped = [], []      # skipped: (model, why) the backend cannot run in args.dtype
+        for name in args.models:
+            try:
+                self.models.append(ModelRun(name, args.seed, args))
+            except DtypeUnsupported as e:
+                self.skipped.append((name, str(e)))
         self.cases_dir = report_dir / "cases"
         self.failures: list = []
         self.cleared: list = []      # C1 suspects the float32 replay on this device cleared (noise)

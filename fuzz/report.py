@@ -68,6 +68,7 @@ def build(campaign) -> dict:
                     "cleared", "unjudged")},
         "per_model": models,
         "failures": campaign.failures,
+        "not_run": [{"model": n, "why": why} for n, why in getattr(campaign, "skipped", [])],
         "cleared": campaign.cleared,
         "unjudged": campaign.unjudged,
     }
@@ -81,6 +82,8 @@ def markdown(rep: dict) -> str:
              f"{'; ' + str(t['cleared']) + ' C1 suspects cleared by the float32 replay' if t['cleared'] else ''}"
              f"{'; ' + str(t['unjudged']) + ' C1 checks unjudged (the cold path disagrees with itself)' if t['unjudged'] else ''}.",
              "",
+             *[f"Not run: {x['why']}." for x in rep.get("not_run", [])],
+             *([""] if rep.get("not_run") else []),
              f"Settings: budget {rep['settings']['budget']}, chunk {rep['settings']['chunk']}, capture interval "
              f"{rep['settings']['interval']}, near end {rep['settings']['near_end']}, case length "
              f"{rep['settings']['case_len']} operations.", "",

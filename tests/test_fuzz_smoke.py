@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 REQUESTS = 5
 
@@ -45,3 +47,29 @@ def test_fuzz_smoke_campaign(tmp_path):
     assert t["requests"] == len(MODEL_NAMES) * REQUESTS
     md = (report / "summary.md").read_text()
     assert "No failures." in md and all(m in md for m in rep["per_model"])
+
+
+def test_a_model_the_backend_cannot_run_in_the_dtype_is_reported_not_run(tmp_path):
+    """--dtype bfloat16 on a backend without a kernel one model needs: that model is listed as not
+    run, with the reason, and the campaign goes on with the others; with no model left it exits 2."""
+    from impl.models import DtypeUnsupported, load
+
+    try:
+        load("llama4", "bfloat16")
+        pytest.skip("this backend runs llama4 in bfloat16")
+    except DtypeUnsupported:
+        pass
+    report = tmp_path / "report"
+    base = [sys.executable, "-m", "fuzz", "--dtype", "bfloat16", "--requests", "2", "--case-len", "3",
+            "--no-progress", "--shrink-seconds", "10", "--model", "llama4"]
+    p = subprocess.run(base + ["--model", "mamba2", "--report", str(report)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rep = json.loads((report / "summary.json").read_text())
+    assert list(rep["per_model"]) == ["mamba2"] and rep["per_model"]["mamba2"]["requests"] == 2
+    assert [x["model"] for x in rep["not_run"]] == ["llama4"] and "bfloat16" in rep["not_run"][0]["why"]
+    assert "Not run: llama4 cannot run in bfloat16" in (report / "summary.md").read_text()
+    assert "not run: llama4" in p.stderr
+    p = subprocess.run(base + ["--report", str(tmp_path / "none")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 2 and "no model left" in p.stderr, p.stderr[-2000:]

@@ -5,7 +5,10 @@ Invariants:
   evaluated, and the allocator pool is released afterwards so only the weights stay held (A3).
   ``load(name, dtype)`` casts at load ("bfloat16", "float16"; "q4": SmolLM2's quantised GGUF
   weights as shipped); the default is $PREFIX_TRIE_DTYPE or float32 (the CPU's fast path,
-  PLATFORM.md). One LoadedModel per (name, dtype); ``name`` stays the model's name.
+  PLATFORM.md). One LoadedModel per (name, dtype); ``name`` stays the model's name. A half-precision
+  load runs one token through the model first and raises ``DtypeUnsupported`` (naming the model, the
+  dtype and the backend) where the backend cannot: MLX's CPU ``gather_mm``, which the MoE models
+  (deepseek_v32, llama4) use, takes float32 only. Without it the first request would fail instead.
 - ``layer_kinds`` lists, per model layer, the cache kind ``impl.caches.make_layer_caches`` builds for
   it ("kv" | "windowed" | "recurrent" | None for stateless layers).
 - Every model uses the SmolLM2 tokenizer (the hybrids share its vocabulary size).
@@ -27,6 +30,10 @@ from mlx.utils import tree_flatten
 
 MODEL_NAMES = ("smollm2", "gemma3", "qwen3next", "mamba2", "mamba", "falcon_h1", "deepseek_v32", "llama4")
 DTYPES = ("float32", "bfloat16", "float16", "q4")
+
+
+class DtypeUnsupported(RuntimeError):
+    """The backend cannot run this model's operations in the dtype asked for (found at load)."""
 
 
 def default_dtype() -> str:
@@ -102,6 +109,7 @@ def load(name: str, dtype: str | None = None) -> LoadedModel:
 
             model.set_dtype(getattr(mx, dtype))
             mx.eval(model.parameters())
+            _probe(model, name, dtype)
         params = tree_flatten(model.parameters())
         lm = LoadedModel(
             name=name,
@@ -118,6 +126,21 @@ def load(name: str, dtype: str | None = None) -> LoadedModel:
         _loaded[key] = lm
         gc.freeze()      # the model's and tokenizer's objects live as long as the process (see below)
         return lm
+
+
+def _probe(model, name: str, dtype: str) -> None:
+    """One token through the model with fresh caches: a kernel the backend lacks in this dtype raises
+    here, at load, as DtypeUnsupported, instead of in a request."""
+    import mlx.core as mx
+
+    from impl.caches import make_layer_caches
+
+    try:
+        mx.eval(model(mx.array([[0]]), cache=make_layer_caches(model)))
+    except RuntimeError as e:
+        device = "CPU" if mx.default_device().type == mx.cpu else "GPU"
+        raise DtypeUnsupported(f"{name} cannot run in {dtype} on MLX's {device} backend: {e} "
+                               "(load it in float32)") from None
 
 
 def estimate_bytes(name: str) -> int:

@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 
 from impl.caches import CacheError, forward, make_layer_caches
 from impl.memory import mlx_memory, release_pool
-from impl.models import MODEL_NAMES, hybrid, load, shared_tokenizer
+from impl.models import MODEL_NAMES, DtypeUnsupported, hybrid, load, shared_tokenizer
 
 FAST = ["gemma3", "qwen3next", "mamba2", "mamba", "falcon_h1", "deepseek_v32", "llama4"]
 KINDS = {
@@ -61,6 +61,26 @@ def test_a3_pool_released_after_load(monkeypatch):
     assert mlx_memory()["active"] >= lm.weight_bytes
     release_pool()
     assert mlx_memory()["cache"] == 0
+
+
+@pytest.mark.parametrize("name", ["deepseek_v32", "llama4", "mamba2"])
+def test_a_half_precision_load_either_runs_or_says_why(name):
+    """A model loaded in bfloat16 runs a request's forward; where the backend lacks a kernel in that
+    dtype (MLX's CPU gather_mm is float32-only: the MoE models), the load itself raises
+    DtypeUnsupported naming the model, the dtype and the backend, and caches nothing, instead of the
+    first request failing with MLX's bare message."""
+    import impl.models as models
+
+    try:
+        lm = load(name, "bfloat16")
+    except DtypeUnsupported as e:
+        assert name in str(e) and "bfloat16" in str(e) and "backend" in str(e), str(e)
+        assert f"{name}@bfloat16" not in models._loaded
+        return
+    assert lm.dtype == "bfloat16"
+    out = lm.model(mx.array([[1, 2, 3]]), cache=make_layer_caches(lm.model))
+    mx.eval(out)
+    assert out.dtype == mx.bfloat16
 
 
 def test_a_loaded_model_is_frozen_out_of_garbage_collection():
