@@ -66,7 +66,7 @@ def main_campaign(argv) -> int:
     from .campaign import Campaign
 
     c = Campaign(args, report_dir)
-    for name, why in c.skipped:
+    for _, why in c.skipped:
         print(f"not run: {why}", file=sys.stderr)
     if not c.models:
         print("no model left to fuzz in this dtype on this backend", file=sys.stderr)

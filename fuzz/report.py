@@ -68,7 +68,7 @@ def build(campaign) -> dict:
                     "cleared", "unjudged")},
         "per_model": models,
         "failures": campaign.failures,
-        "not_run": [{"model": n, "why": why} for n, why in getattr(campaign, "skipped", [])],
+        "not_run": [{"model": n, "why": why} for n, why in campaign.skipped],
         "cleared": campaign.cleared,
         "unjudged": campaign.unjudged,
     }
