@@ -60,15 +60,18 @@ class Node:
 
 
 def common_prefix(a, b) -> int:
-    """Length of the longest common prefix; whole blocks are compared as slices first (5x faster on
-    a 32k-token prompt than key by key: 0.55 against 2.5 ms)."""
+    """Length of the longest common prefix. Keys are compared as slices (C speed), never one by one
+    in Python: whole blocks of 256 first (a 32k-token prompt: 0.55 ms against 2.5 key by key), then
+    the last partial block by halving."""
     n, limit = 0, min(len(a), len(b))
     a, b = tuple(a), tuple(b)              # no copy for a tuple; a list slice never equals a tuple slice
     step = 256
     while n + step <= limit and a[n:n + step] == b[n:n + step]:
         n += step
-    while n < limit and a[n] == b[n]:
-        n += 1
+    while step > 1:                        # the prefix ends within [n, n + step): halve the block
+        step //= 2
+        if n + step <= limit and a[n:n + step] == b[n:n + step]:
+            n += step
     return n
 
 
