@@ -74,7 +74,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
 
     def keys_and_values(self):
         if self.offset < self.keys.shape[2]:
-            return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+            return self.keys[:, :, : self.offset], self.values[:, :, : self.offset]
         return self.keys, self.values
 
     def make_mask(self, N: int, return_array: bool = False, window_size: Optional[int] = None):
@@ -129,15 +129,15 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
             new_v = mx.zeros((B, values.shape[1], grow, Dv), values.dtype)
             if self.keys is not None:
                 if prev % self.step != 0:
-                    self.keys = self.keys[..., :prev, :]
-                    self.values = self.values[..., :prev, :]
+                    self.keys = self.keys[:, :, :prev]
+                    self.values = self.values[:, :, :prev]
                 self.keys = mx.concatenate([self.keys, new_k], axis=2)
                 self.values = mx.concatenate([self.values, new_v], axis=2)
             else:
                 self.keys, self.values = new_k, new_v
         self.offset = prev + n
-        self.keys[..., prev : self.offset, :] = keys
-        self.values[..., prev : self.offset, :] = values
+        self.keys[:, :, prev : self.offset] = keys
+        self.values[:, :, prev : self.offset] = values
 
     def before_write(self, n: int) -> None:
         self._before_overwrite(self.offset, self.offset + n)
@@ -248,7 +248,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         owned = snap._cache is None
         n = target - snap.start
         if not owned and n < k.shape[2]:     # a view of another cache: only the rows it restores
-            k, v = k[..., :n, :], v[..., :n, :]
+            k, v = k[:, :, :n], v[:, :, :n]
         self.offset = snap.start
         self._note_unwritten(snap.start, snap.start + k.shape[2])
         self._write(k, v)                    # an owned snapshot: all its rows, [start, end)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def _copy_rows(x: mx.array, a: int, b: int) -> mx.array:
     """An owned copy of rows [a, b) along the sequence axis (never a view of x)."""
-    return mx.contiguous(x[..., a:b, :])
+    return mx.contiguous(x[:, :, a:b])
 
 
 class KVSnapshot(Snapshot):
@@ -48,7 +48,7 @@ class KVSnapshot(Snapshot):
         """This snapshot's rows: its own arrays, or (lazy) slices of the issuer's buffer."""
         if self._cache is not None:
             c = self._cache
-            return c.keys[..., self.start : self.end, :], c.values[..., self.start : self.end, :]
+            return c.keys[:, :, self.start : self.end], c.values[:, :, self.start : self.end]
         return self.keys, self.values
 
     def _geometry(self):
