@@ -239,6 +239,18 @@ def test_common_prefix_of_long_sequences(n, at):
     assert common_prefix(a, b[:at // 2]) == at // 2
 
 
+@given(st.lists(st.integers(0, 2), max_size=700), st.lists(st.integers(0, 2), max_size=700), st.integers(0, 700))
+def test_common_prefix_is_the_longest_shared_prefix(tail_a, tail_b, shared):
+    """Against its definition, key by key, wherever the divergence falls within or across blocks."""
+    from impl.trie import common_prefix
+    head = [(5 * i) % 3 for i in range(shared)]
+    a, b = head + tail_a, head + tail_b
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    assert common_prefix(a, b) == n == common_prefix(tuple(b), a)
+
+
 # ------------------------------------------------------ trie primitives
 def test_split_append_merge_keep_the_clocks_and_links():
     pc, tracer = cache(budget=1 << 40, near_end=0)
