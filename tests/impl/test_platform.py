@@ -36,6 +36,13 @@ def test_dev_starts_python_with_the_values_written_in_platform_py():
                           "import os; print(os.environ['LD_PRELOAD']); print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"],
                          env=env, capture_output=True, text=True, timeout=300, check=True).stdout.split()
     assert out == [platform.OPENBLAS, platform.OPENBLAS_THREAD_TIMEOUT]
+    for before, after in ((platform.OPENBLAS, platform.OPENBLAS),                     # preloaded once, as
+                          ("/x/a.so:" + platform.OPENBLAS, "/x/a.so:" + platform.OPENBLAS),   # platform_env does
+                          ("/x/a.so", platform.OPENBLAS + ":/x/a.so")):
+        got = subprocess.run([str(ROOT / "dev"), "python", "-c", "import os; print(os.environ['LD_PRELOAD'])"],
+                             env={**env, "LD_PRELOAD": before}, capture_output=True, text=True, timeout=300,
+                             check=True).stdout.split()
+        assert got == [after] == [platform.platform_env({"LD_PRELOAD": before})["LD_PRELOAD"]], before
 
 
 def test_the_recorded_command_carries_the_same_settings():
