@@ -91,13 +91,9 @@ class PrefixCache:
 
     @property
     def offset(self) -> int:
-        """The live offset: every layer's (T3, asserted under check=True), read from the first."""
-        if not self._stateful:
-            return len(self.seq)
-        if self.check:
-            offs = {self.caches[i].offset for i in self._stateful}
-            assert len(offs) == 1, f"T3: layer caches rest at different offsets {sorted(offs)}"
-        return self.caches[self._stateful[0]].offset
+        offs = {c.offset for c in self.caches if c is not None}
+        assert len(offs) <= 1, f"T3: layer caches rest at different offsets {sorted(offs)}"
+        return offs.pop() if offs else len(self.seq)
 
     @property
     def whole_state(self) -> bool:
