@@ -221,11 +221,8 @@ class PrefixCache:
                 ok = cache.restore(None, min(common, x))
                 if cache.offset < x:
                     cache.before_write(x - cache.offset)     # the views the rows below overwrite, in one pass
-                    for n in path[bisect_right(ends, cache.offset, 1):]:    # (the nodes ending past it)
-                        if n.start >= x:
-                            break
-                        if cache.offset < n.end and cache.offset < x:
-                            ok = ok and cache.restore(n.snaps[i], min(n.end, x))
+                    run = path[bisect_right(ends, cache.offset, 1):bisect_left(ends, x, 1) + 1]   # the nodes
+                    ok = ok and cache.restore_run([n.snaps[i] for n in run], x)  # from the offset to x
             else:
                 src = self._source(i, path, x, common, ends)
                 ok = cache.restore(None, 0) if src == "reset" else cache.restore(None if src == "live" else src, x)

@@ -198,6 +198,14 @@ class LayerCache:
         """Live state := the state at target (snap None: rewind); False: unchanged; caller keeps snap."""
         raise NotImplementedError
 
+    def restore_run(self, snaps, target: int) -> bool:
+        """restore(s, min(s.end, target)) for each of adjacent snapshots in turn (a path's ranges); a kind
+        may write them at once. False at the first refusal (earlier ones stay); caller keeps snaps."""
+        for s in snaps:
+            if not self.restore(s, min(s.end, target)):
+                return False
+        return True
+
     def merge_snapshots(self, a: Optional[Snapshot], b: Optional[Snapshot]) -> Optional[Snapshot]:
         """Consumes a and b (each is closed or becomes the result); the caller owns the result."""
         raise NotImplementedError

@@ -257,6 +257,31 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
             self._adopt(snap)
         return True
 
+    def restore_run(self, snaps, target: int) -> bool:
+        """As restore(s, min(s.end, target)) for each adjacent snapshot in turn, but a run of owned
+        snapshots (a page-in of another conversation's path) is written in one write of their rows
+        joined, then each becomes a view of its rows (_adopt): two MLX writes per layer, not two per
+        node. Anything else (a view, one snapshot, captures scheduled) goes the general way."""
+        if len(snaps) < 2 or self._sched.active or any(s is None or s._cache is not None for s in snaps):
+            return super().restore_run(snaps, target)
+        first, last = snaps[0], snaps[-1]
+        if not (self.can_restore(first, min(first.end, target)) and last.start < target <= last.end):
+            return False
+        for a, b in zip(snaps, snaps[1:]):
+            self._check_snapshot(b)
+            if a.end != b.start or b._geometry() != first._geometry():
+                raise CacheError(f"restore_run: [{a.start},{a.end}) and [{b.start},{b.end}) are not one run of rows")
+        self._since_boundary = 0
+        k = mx.concatenate([s.keys for s in snaps], axis=2)
+        v = mx.concatenate([s.values for s in snaps], axis=2)
+        self.offset = first.start
+        self._note_unwritten(first.start, last.end)
+        self._write(k, v)                    # (evaluated with the next forward, as restore's)
+        self.offset = target
+        for s in snaps:
+            self._adopt(s)
+        return True
+
     def _note_unwritten(self, lo: int, hi: int) -> None:
         """Keep a handle on the buffer before a restore's first write (``astype`` to its own dtype
         returns the same array: the write updates self.keys, not it) and the rows written since,

@@ -602,3 +602,70 @@ def test_a_view_of_rows_the_page_in_wrote_copies_the_written_rows():
     assert not owned.lazy
     np.testing.assert_array_equal(snap_rows(owned)[0], expect([1] * n, n - 512, n - 256)[0])
     owned.release()
+
+
+
+def owned_run(gen: int, base: int, lengths) -> list:
+    """Owned snapshots of generation `gen` covering [base, base + sum(lengths)) in adjacent pieces."""
+    src, end = KVCache(layer=0), base + sum(lengths)
+    write(src, gen, end)
+    snaps, a = [], end
+    for n in reversed(lengths):              # views [a - n, a), rewinding down the buffer
+        snaps.append(src.snapshot(a - n))
+        assert src.restore(None, a - n)
+        a -= n
+    src.free()                               # every view copies its rows out: owned
+    return snaps[::-1]
+
+
+@given(st.integers(1, 40), st.lists(st.integers(1, 30), min_size=1, max_size=6), st.data())
+def test_restore_run_is_restore_of_each_snapshot_in_turn(base, lengths, data):
+    """restore_run(snaps, target) writes a run of owned snapshots in one write; every observable must
+    be what restoring them one by one gives: the live rows and offset, each snapshot's state (adopted:
+    a view again) and the bytes its hook heard (A1), the cache's outstanding views."""
+    end = base + sum(lengths)
+    target = data.draw(st.integers(end - lengths[-1] + 1, end), label="target")
+    kept = data.draw(st.integers(base, base + lengths[0] - 1), label="rewind to")   # inside the first
+
+    def build():
+        c = KVCache(layer=0)
+        write(c, 0, end + 3)
+        inside, past = c.snapshot(end - 1), c.snapshot(end)   # views: one overwritten, one past the run
+        snaps = owned_run(1, base, lengths)
+        heard = [[] for _ in snaps]
+        for s, h in zip(snaps, heard):
+            s.on_materialise = h.append
+        assert c.restore(None, kept)
+        return c, snaps, heard, [inside, past]
+
+    one, s1, h1, v1 = build()
+    run, s2, h2, v2 = build()
+    for s in s1:
+        assert one.restore(s, min(s.end, target))
+    assert run.restore_run(s2, target)
+    assert run.offset == one.offset == target and run.outstanding_views == one.outstanding_views
+    for x, y in zip(live_rows(one), live_rows(run)):
+        np.testing.assert_array_equal(x, y)
+    gens = [0] * base + [1] * (target - base)
+    np.testing.assert_array_equal(live_rows(run)[0], expect(gens, 0, target)[0])
+    assert [(s.lazy, s.size) for s in s1] == [(s.lazy, s.size) for s in s2] == [(True, 0)] * len(s2)
+    assert h1 == h2 and all(len(h) == 1 and h[0] < 0 for h in h2)
+    assert [(v.lazy, v.size) for v in v1] == [(v.lazy, v.size) for v in v2] == [(False, v2[0].size), (True, 0)]
+    np.testing.assert_array_equal(snap_rows(v2[0])[0], expect([0] * (end + 3), end - 1, end + 3)[0])
+    for s in s1 + s2 + v1 + v2:
+        s.release()
+
+
+def test_restore_run_refuses_a_gap_and_an_unreachable_target():
+    c = KVCache(layer=0)
+    a, = owned_run(1, 0, [20])                # [0, 20)
+    b0, b = owned_run(1, 0, [21, 4])          # [21, 25): not adjacent to a
+    d0, d = owned_run(1, 0, [20, 10])         # [20, 30)
+    with pytest.raises(CacheError, match="one run of rows"):
+        c.restore_run([a, b], 24)
+    assert c.offset == 0 and c.keys is None and not a.lazy and not b.lazy
+    assert not c.restore_run([a, d], 31)      # past the run's end: refused, unchanged
+    assert c.offset == 0 and c.keys is None and not a.lazy and not d.lazy
+    assert c.restore_run([a, d], 30) and a.lazy and d.lazy and c.offset == 30
+    for s in (a, b, d, b0, d0):
+        s.release()
