@@ -249,19 +249,23 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         n = target - snap.start
         if not owned and n < k.shape[2]:     # a view of another cache: only the rows it restores
             k, v = k[:, :, :n], v[:, :, :n]
-        self.offset = snap.start
-        self._note_unwritten(snap.start, snap.start + k.shape[2])
-        self._write(k, v)                    # an owned snapshot: all its rows, [start, end)
-        self.offset = target                 # (the write is evaluated with the next forward: no sync here)
-        if owned:
-            self._adopt(snap)
+        self._write_in(snap.start, k, v, target, [snap] if owned else [])   # owned: all its rows
         return True
 
+    def _write_in(self, start: int, k: mx.array, v: mx.array, target: int, adopted: list) -> None:
+        """Write rows k, v at start (evaluated with the next forward: no sync here), rest at target, and
+        make each owned snapshot of those rows a view of them (_adopt)."""
+        self.offset = start
+        self._note_unwritten(start, start + k.shape[2])
+        self._write(k, v)
+        self.offset = target
+        for s in adopted:
+            self._adopt(s)
+
     def restore_run(self, snaps, target: int) -> bool:
-        """As restore(s, min(s.end, target)) for each adjacent snapshot in turn, but a run of owned
-        snapshots (a page-in of another conversation's path) is written in one write of their rows
-        joined, then each becomes a view of its rows (_adopt): two MLX writes per layer, not two per
-        node. Anything else (a view, one snapshot, captures scheduled) goes the general way."""
+        """As restore(s, min(s.end, target)) for each adjacent snapshot in turn, but owned snapshots (a
+        page-in of another path) are joined and written at once, then adopted: two MLX writes per layer,
+        not two per node. Anything else (a view, one snapshot, captures scheduled) goes the general way."""
         if len(snaps) < 2 or self._sched.active or any(s is None or s._cache is not None for s in snaps):
             return super().restore_run(snaps, target)
         first, last = snaps[0], snaps[-1]
@@ -274,12 +278,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self._since_boundary = 0
         k = mx.concatenate([s.keys for s in snaps], axis=2)
         v = mx.concatenate([s.values for s in snaps], axis=2)
-        self.offset = first.start
-        self._note_unwritten(first.start, last.end)
-        self._write(k, v)                    # (evaluated with the next forward, as restore's)
-        self.offset = target
-        for s in snaps:
-            self._adopt(s)
+        self._write_in(first.start, k, v, target, snaps)
         return True
 
     def _note_unwritten(self, lo: int, hi: int) -> None:
