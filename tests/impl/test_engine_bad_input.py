@@ -42,6 +42,7 @@ CASES = [
     ("str id", dict(prompt=P[:3] + ["7"]), ["'7'", "vocabulary"]),
     ("None id", dict(prompt=[None] + P), ["None", "vocabulary"]),
     ("bool id", dict(prompt=P + [True]), ["True", "vocabulary"]),
+    ("numpy id = vocab", dict(prompt=[np.int64(t) for t in P] + [np.int64(49152)]), ["49152", "vocabulary"]),
     ("media overlap", dict(prompt=P, media=[MediaItem(2, 5, **IMG), MediaItem(6, 3, b"other")]), ["overlap"]),
     ("media length 0", dict(prompt=P, media=[MediaItem(3, 0, **IMG)]), ["length 0"]),
     ("media length < 0", dict(prompt=P, media=[MediaItem(3, -2, **IMG)]), ["length -2"]),
@@ -122,6 +123,15 @@ def test_engine_constructor_refuses_bad_budget_and_chunk(models):
         Engine(lm, budget_bytes=-5)
     with pytest.raises(BadRequest, match="chunk size 0"):
         Engine(lm, chunk_size=0)
+
+
+def test_numpy_token_ids_are_served_as_ints(warm):
+    """Token ids may be numpy integers (a tokenizer's output): served exactly as the same plain ints."""
+    _, e = warm
+    prompt = _text(30, 1) + _text(5, 4)
+    a = e.generate([np.int32(t) for t in prompt], 3, stop_at_eos=False)
+    b = e.generate(prompt, 3, stop_at_eos=False)
+    assert a.tokens == b.tokens and b.stats.resumed >= 30, (a.tokens, b.tokens, b.stats)
 
 
 def test_still_serves_after_the_table(warm):
