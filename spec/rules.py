@@ -100,8 +100,9 @@ def s3_frontier_complete(v: View):
 
 def s4_split(before: View, op: Op, after: View):
     """S4: a node split out of an existing edge gets KV-only halves: the head
-    holds the first part of each KV snapshot the edge had, and the whole-state
-    snapshots stay on the tail, unchanged (they describe its end)."""
+    holds the first part of each KV snapshot the edge had, the tail the rest,
+    and the whole-state snapshots stay on the tail, unchanged (they describe
+    its end)."""
     out = []
     for b in before.walk():
         tail = after.nodes.get(b.keys)
@@ -112,11 +113,14 @@ def s4_split(before: View, op: Op, after: View):
             if s.kind != KV and (i not in tail.snaps or tail.snaps[i].end != s.end
                                  or tail.snaps[i].content != s.content):
                 out.append(Violation("S4", str(tail), f"layer {i} whole-state left the tail of a split"))
-            if s.kind == KV and head is not None and head.start == b.start and i in head.snaps:
-                h = head.snaps[i]
-                if h.kind != KV or (s.content is not None and h.content is not None
-                                    and tuple(h.content) != tuple(s.content)[:head.end - b.start]):
-                    out.append(Violation("S4", str(head), f"layer {i} head is not the first half of the KV snapshot"))
+            if s.kind != KV or head is None or head.start != b.start:
+                continue
+            for part, got, want in ((head, head.snaps.get(i), tuple(s.content or ())[:head.end - b.start]),
+                                    (tail, tail.snaps.get(i), tuple(s.content or ())[head.end - b.start:])):
+                if got is None or got.kind != KV or (s.content is not None and got.content is not None
+                                                     and tuple(got.content) != want):
+                    out.append(Violation("S4", str(part), f"layer {i} {'head' if part is head else 'tail'} is "
+                                         f"not its half of the split KV snapshot"))
     return out
 
 
@@ -179,9 +183,9 @@ def p2_compaction(before: View, op: Op, after: View):
     """P2: compaction merges a non-user single-child node into its child only
     when no restore point is lost. After an operation, at rest, no active-path
     node but root and frontier is a non-user single-child node without
-    whole-state (it should have been merged); and no whole-state checkpoint of
-    `before` is gone from `after` unless its node was evicted (E4), where the
-    target reports its victims."""
+    whole-state (it should have been merged); and no whole-state checkpoint or
+    user node of `before` is gone from `after` unless its node was evicted
+    (E4), where the target reports its victims."""
     out = []
     if after.phase == "idle":
         out += [Violation("P2", str(n), "non-user single-child node without whole-state left on the active path")
@@ -193,6 +197,8 @@ def p2_compaction(before: View, op: Op, after: View):
                                         "an eviction")
                 for n in before.walk() for i, s in n.snaps.items()
                 if s.kind != KV and (n.keys, i) not in kept and n.keys not in op.evicted]
+        out += [Violation("P2", str(n), "a user node was merged away without an eviction")
+                for n in before.walk() if n.user and n.keys not in after.nodes and n.keys not in op.evicted]
     return out
 
 
@@ -228,6 +234,9 @@ def g1_adjacent(before: View, op: Op, after: View):
     return out
 
 
+UNWRITTEN = ("close", "set_budget")     # operations that write no live row: a lazy view stays lazy
+
+
 def g2_merged(before: View, op: Op, after: View):
     """G2: merging a node with its single child concatenates the edges and
     each KV pair (two lazy views stay lazy: no copy), keeps the child's newer
@@ -240,6 +249,10 @@ def g2_merged(before: View, op: Op, after: View):
             if s.kind == KV and s.lazy and not live and not all(i in p.snaps and p.snaps[i].lazy for p in parts):
                 out.append(Violation("G2", str(m), f"layer {i} merged KV is lazy though a part owned its rows "
                                                    "the live buffer does not hold"))
+            if s.kind == KV and not s.lazy and op.name in UNWRITTEN and all(i in p.snaps and p.snaps[i].lazy
+                                                                             for p in parts):
+                out.append(Violation("G2", str(m), f"layer {i}: two lazy views merged into a copy "
+                                                   f"({s.nbytes} bytes owned) though no write ran"))
         for i, s in child.snaps.items():
             if s.kind != KV and (i not in m.snaps or m.snaps[i].end != s.end or m.snaps[i].content != s.content):
                 out.append(Violation("G2", str(m), f"layer {i} did not keep the child's whole-state"))

@@ -51,16 +51,28 @@ def bytes_of(n: NodeView) -> int:
     return sum(s.nbytes for s in n.snaps.values())
 
 
+def frontiers(before: View, op: Op, after: View) -> set:
+    """Every node that may have been the frontier (so protected, E2) when the
+    operation evicted: the frontiers before and after it, and, where the path
+    grows during it (attach, close), every path node past the old frontier.
+    The rest of the active path is evictable like any node."""
+    f0 = before.path[-1]
+    if op.name in ("begin", "set_budget"):               # evicts once, with the path it leaves
+        return {f0, after.path[-1]}
+    return {f0} | {k for k in after.path if len(k) > len(f0)}
+
+
 def e3_order(before: View, op: Op, after: View):
     """E3: least recently used first; ties deeper first, then larger first. No
     node the operation evicted was ahead, in that order, of a node that was
-    evictable before and after it and survived unchanged."""
+    evictable before and after it and survived unchanged, on the active path
+    or not (protecting the whole path was the seed's bug)."""
     gone = victims(before, op, after)
     if not gone:
         return []
     order = lambda n: (n.last_used, -n.end, -bytes_of(n))
-    path = set(after.path) | {before.path[-1]}
-    kept = [a for a in after.walk() if a.keys in before.nodes and a.keys not in path and e2_evictable(after, a)
+    kept = [a for a in after.walk() if a.keys in before.nodes and a.keys not in frontiers(before, op, after)
+            and e2_evictable(after, a)
             and e2_evictable(before, before.nodes[a.keys]) and before.nodes[a.keys].start == a.start]
     out = []
     for g in gone:
@@ -134,13 +146,13 @@ def _begin_resume(before, op, after):
 
 
 def c2_deepest_restore(before: View, op: Op, after: View):
-    """C2: begin resumes at the deepest offset the trie can serve; here, where
-    that is the match itself."""
+    """C2: begin resumes at the deepest offset the trie can serve (E5 words
+    the case where that is below the match)."""
     got = _begin_resume(before, op, after)
     if got is None:
         return []
     m, r, resume = got
-    if r == m and resume != r:
+    if resume != r:
         return [Violation("C2", f"begin of {len(op.args[0])} keys", f"resumed at {resume}, the trie serves {r}")]
     return []
 
