@@ -412,3 +412,95 @@ MUTANTS = {
                  m1_impl, ("kv", "kv_rec")),
     "C2": Mutant("begin resumes one checkpoint below the match", c2_spec, c2_impl),
 }
+
+
+# ------------------------------------------------- weaker readings of a rule
+# Second mutants for rules whose first mutant breaks them bluntly: each is a reading of the rule
+# that a predicate stated too weakly once let through (docs/spec.md, "Weaker readings").
+def e3_path_spec(mp):                        # the seed's eviction bug: the whole active path protected
+    wrap(mp, SpecCache, "evictable", lambda orig: lambda self, n: orig(self, n) and n not in self.path)
+
+
+def e3_path_impl(mp):
+    wrap(mp, ipc.PrefixCache, "evictable", lambda orig: lambda self, n: orig(self, n) and n not in self.path)
+
+
+def s4_head_spec(mp):                        # a split head gets no KV halves
+    def split(orig):
+        def sp(store, node, at):
+            head = orig(store, node, at)
+            for i in list(head.snaps):
+                store.release(store.disown(head, i))
+            return head
+        return sp
+    wrap(mp, Trie, "split", split)
+
+
+def s4_head_impl(mp):
+    def split(orig):
+        def sp(trie, node, at):
+            head = orig(trie, node, at)
+            for i, s in enumerate(head.snaps):
+                if s is not None:
+                    trie.disown(head, i).release()
+            return head
+        return sp
+    wrap(mp, ImplTrie, "split", split)
+
+
+def p2_user_spec(mp):                        # compaction ignores the user flag
+    def compact(self):
+        i = 1
+        while i < len(self.path) - 1:
+            n = self.path[i]
+            if len(n.children) == 1 and all(self.layers[k].kind == KV for k in n.snaps):
+                self.path.remove(n.children[0])
+                self.trie.merge_with_child(n)
+            else:
+                i += 1
+    mp.setattr(SpecCache, "compact", compact)
+
+
+def p2_user_impl(mp):
+    def compact(self):
+        i = 1
+        while i < len(self.path) - 1:
+            n = self.path[i]
+            if len(n.children) == 1 and all(s is None or s.kind == "kv" for s in n.snaps):
+                self.path.remove(next(iter(n.children.values())))
+                self.trie.merge_with_child(n)
+            else:
+                i += 1
+        self.settled.compacted = self.root
+    mp.setattr(ipc.PrefixCache, "_compact", compact)
+
+
+def g2_copy_spec(mp):                        # two lazy views merge into an owned copy
+    def merge_snapshots(orig):
+        def m(store, a, b):
+            out = orig(store, a, b)
+            if out is not None and out.kind == KV and out.lazy:
+                out.lazy = False
+            return out
+        return m
+    wrap(mp, Trie, "merge_snapshots", merge_snapshots)
+
+
+def g2_copy_impl(mp):
+    def merge(orig):
+        def m(cache, a, b):
+            out = orig(cache, a, b)
+            if out is not None and out.lazy:
+                out._materialise()
+            return out
+        return m
+    wrap(mp, KVCache, "merge_snapshots", merge)
+
+
+WEAKER = {
+    "E3 path": ("E3", Mutant("the whole active path protected (the seed's eviction bug), with the budget met "
+                             "off the path", e3_path_spec, e3_path_impl)),
+    "S4 head": ("S4", Mutant("a split head gets no KV halves", s4_head_spec, s4_head_impl, ("kv", "kv_win"))),
+    "P2 user": ("P2", Mutant("compaction merges user nodes too", p2_user_spec, p2_user_impl, ("kv",))),
+    "G2 copy": ("G2", Mutant("two lazy views merge into an owned copy", g2_copy_spec, g2_copy_impl)),
+}

@@ -21,7 +21,7 @@ from spec.rules import OPERATION, PREDICATES, STATE, check, check_step
 from spec.view import View
 from targets.program import judge, random_programs
 from targets.reference import SpecTarget, ImplTarget
-from mutants import MIXES, MUTANTS
+from mutants import MIXES, MUTANTS, WEAKER
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = 40                  # per mix, at most, before a mutant counts as missed
@@ -58,6 +58,14 @@ def test_spec_policy_mutant_is_flagged_by_its_predicate(rule, monkeypatch):
 def test_impl_policy_mutant_is_flagged_through_its_view(rule, monkeypatch):
     got = hunt("impl", rule, MUTANTS[rule], monkeypatch)
     assert got["found"], f"{rule}: {MUTANTS[rule].what}: not flagged on impl in {got['programs']} programs"
+
+
+@pytest.mark.parametrize("side", ["spec", "impl"])
+@pytest.mark.parametrize("name", sorted(WEAKER))
+def test_weaker_reading_is_flagged_by_its_predicate(name, side, monkeypatch):
+    rule, mutant = WEAKER[name]
+    got = hunt(side, rule, mutant, monkeypatch)
+    assert got["found"], f"{name}: {mutant.what}: not flagged by {rule} on {side} in {got['programs']} programs"
 
 
 @pytest.mark.parametrize("side", ["spec", "impl"])
