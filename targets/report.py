@@ -115,7 +115,8 @@ def write(report_dir, c: Campaign, explain: dict | None = None, exporter=None, e
             dict(rule=rule, layout=f.layout, message=f.message, ops=f.ops), indent=1))
         md += [f"## {rule}", "", f"*Rule:* {meaning(rule)}", ""]
         if explain and rule in explain:
-            md += [f"*Why:* {explain[rule]}", ""]
+            md += [f"*Why (the cause at Ollama fb30760, the stored copy; check it on other commits):* "
+                   f"{explain[rule]}", ""]
         md += [f"Found after {f.seconds:.1f} s on layout `{f.layout}`; shrunk to {f.length} operations "
                f"(`programs/{rule}.json`):", "", "```", program_text(f.ops), "```", ""]
         if exporter:

