@@ -71,8 +71,8 @@ def e3_order(before: View, op: Op, after: View):
     if not gone:
         return []
     order = lambda n: (n.last_used, -n.end, -bytes_of(n))
-    kept = [a for a in after.walk() if a.keys in before.nodes and a.keys not in frontiers(before, op, after)
-            and e2_evictable(after, a)
+    protected = frontiers(before, op, after)
+    kept = [a for a in after.walk() if a.keys in before.nodes and a.keys not in protected and e2_evictable(after, a)
             and e2_evictable(before, before.nodes[a.keys]) and before.nodes[a.keys].start == a.start]
     out = []
     for g in gone:
