@@ -18,6 +18,7 @@ from __future__ import annotations
 from spec.rules_eviction import (bytes_of, c2_deepest_restore, e1_budget, e2_protected, e3_order,
                                  e4_evict_shape, e5_rewind)
 from spec.rules_eviction import deepest_restore, e2_evictable, victims  # noqa: F401  (read by impl and targets)
+from spec.media import resume_floor
 from spec.trie import KV, state_content
 from spec.view import Op, View
 from spec.violation import Violation, as_view, inside
@@ -78,7 +79,9 @@ def s1_kv_exact(v: View):
 
 
 def s2_whole_state_at_end(v: View):
-    """S2: a whole-state snapshot is the state at its node's end."""
+    """S2: a whole-state snapshot is the state at its node's end; and a begin
+    that resumes below the match (M3-floored) schedules a capture at the
+    match, so the next request diverging there restores exactly."""
     out = []
     for n in v.walk():
         for i, s in n.snaps.items():
@@ -86,6 +89,11 @@ def s2_whole_state_at_end(v: View):
                 continue
             if s.end != n.end or (s.content is not None and tuple(s.content) != state_content(v.layers[i], n.keys)):
                 out.append(Violation("S2", str(n), f"layer {i} state at {s.end} is not the state at {n.end}"))
+    r = v.request
+    if v.phase == "begun" and r.resume < resume_floor(r.matched, list(r.spans)) \
+            and resume_floor(r.matched, list(r.spans)) not in {c for c, _ in r.schedule}:
+        out.append(Violation("S2", f"begin of {len(r.keys)} keys", f"resumed at {r.resume} below the match "
+                             f"{r.matched} without scheduling a capture there"))
     return out
 
 

@@ -497,10 +497,23 @@ def g2_copy_impl(mp):
     wrap(mp, KVCache, "merge_snapshots", merge)
 
 
+def s2_match_spec(mp):                       # begin schedules no capture at the match
+    import spec.cache as scache
+    real = scache.schedule
+    mp.setattr(scache, "schedule", lambda n, resume, matched, *rest: real(n, resume, resume, *rest))
+
+
+def s2_match_impl(mp):
+    real = ipc.schedule
+    mp.setattr(ipc, "schedule", lambda n, resume, matched, *rest: real(n, resume, resume, *rest))
+
+
 WEAKER = {
     "E3 path": ("E3", Mutant("the whole active path protected (the seed's eviction bug), with the budget met "
                              "off the path", e3_path_spec, e3_path_impl)),
     "S4 head": ("S4", Mutant("a split head gets no KV halves", s4_head_spec, s4_head_impl, ("kv", "kv_win"))),
     "P2 user": ("P2", Mutant("compaction merges user nodes too", p2_user_spec, p2_user_impl, ("kv",))),
     "G2 copy": ("G2", Mutant("two lazy views merge into an owned copy", g2_copy_spec, g2_copy_impl)),
+    "S2 match": ("S2", Mutant("a begin below the match schedules no capture there", s2_match_spec, s2_match_impl,
+                              ("kv_rec", "hybrid"))),
 }

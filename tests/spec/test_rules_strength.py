@@ -141,3 +141,22 @@ def test_c2_flags_a_resume_below_the_deepest_checkpoint_with_nothing_evicted():
     op = Op("begin", (keys, ()), (5, 0))
     assert {v.rule for v in check_step(before, op, before)} == {"C2", "E5"}
     assert check_step(before, Op("begin", (keys, ()), (5, 3)), before) == []
+
+
+def test_s2_a_begin_below_the_match_without_a_capture_there_is_flagged(monkeypatch):
+    """S2 (REFERENCE: "begin schedules a capture at the match"): without it, every regeneration of
+    the same prompt on a hybrid model resumes at 0, and C2 cannot see it (the trie serves 0)."""
+    import spec.cache as cache_module
+
+    def regenerations(j):
+        j.request((1, 2, 3, 4, 5, 6, 7, 8), (9,))
+        return [j.request((1, 2, 3, 4, 5, 60 + k, 61), (62,)) for k in range(2)]
+
+    j = Judged(PrefixCache(KV_REC, interval=0, near_end=0, chunk=100))
+    assert regenerations(j) == [(5, 0), (5, 5)] and j.rules() == set(), j.found
+
+    real = cache_module.schedule
+    monkeypatch.setattr(cache_module, "schedule", lambda n, resume, matched, *rest: real(n, resume, resume, *rest))
+    j = Judged(PrefixCache(KV_REC, interval=0, near_end=0, chunk=100))
+    assert regenerations(j) == [(5, 0), (5, 0)]
+    assert j.rules() == {"S2"}, j.found
