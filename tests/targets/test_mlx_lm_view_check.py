@@ -1,0 +1,30 @@
+"""The mlx-lm target's structure check (T1, T2 through spec.rules on the view of its trie) reports
+what it finds and never swallows an error: a malformed view is a T1 finding, an adapter fault raises."""
+from types import SimpleNamespace
+
+import pytest
+
+from targets.mlx_lm import rules
+
+
+def _driver():
+    lru = SimpleNamespace(nbytes=0)
+    return SimpleNamespace(entries=dict, prompt_cache_bytes=None, prompt_cache_size=10, lru=lru)
+
+
+def test_a_malformed_view_is_a_t1_finding(monkeypatch):
+    def malformed(d):
+        raise ValueError("view: node (1 2) starts at 1 but no node ends there on its path")
+    monkeypatch.setattr(rules, "view_of", malformed)
+    c = rules.Checker(enabled={"T1", "T2"})
+    c.after_request(_driver(), SimpleNamespace(crash=None), [])
+    assert [(f.rule, f.kind) for f in c.findings] == [("T1", "violation")]
+    assert "no node ends there" in c.findings[0].message
+
+
+def test_an_adapter_fault_is_not_swallowed(monkeypatch):
+    def broken(d):
+        raise KeyError("__value__")
+    monkeypatch.setattr(rules, "view_of", broken)
+    with pytest.raises(KeyError):
+        rules.Checker(enabled={"T1", "T2"}).after_request(_driver(), SimpleNamespace(crash=None), [])
