@@ -120,6 +120,11 @@ CAUSES = {
                          "if len(self._lru) > self.max_size:", "more entries than --prompt-cache-size at rest"),
     "counter-drift": Cause("A1", "mlx_lm.models.cache", "LRUPromptCache.insert_cache",
                            "self._n_bytes += entry.nbytes", "the byte counter differs from its entries' bytes"),
+    "view-links": Cause("T1", "mlx_lm.models.cache", "PromptTrie.add", 'current["__value__"] = value',
+                        "the trie read back from PromptTrie's nested dicts does not link up (T1): a node whose "
+                        "start no stored entry or branch point ends at; the program shows which insert did it"),
+    "view-siblings": Cause("T2", "mlx_lm.models.cache", "PromptTrie.add", "current[tok] = {}",
+                           "two children of one node share a first token (T2)"),
     "restore-differs": Cause("C1", "mlx_lm.models.cache", "LRUPromptCache.fetch_nearest_cache",
                              "trim_prompt_cache(cache, num_to_trim)",
                              "the restored cache is not equivalent to a cold prefill of the tokens it covers"),
@@ -285,10 +290,10 @@ class Checker:
         try:
             view = view_of(d)
         except ValueError as e:                           # View.from_dict: links that do not agree
-            self._add("T1", "view", "violation", f"the trie's view is malformed: {e}")
+            self._add("T1", "view-links", "violation", f"the trie's view is malformed: {e}")
             return
         for f in spec_check(view):                        # the spec's own predicates on the view
-            self._add(f.rule, "view", "violation", str(f))
+            self._add(f.rule, VIEW_CAUSE[f.rule], "violation", str(f))
 
     def _c1(self, d, res, gen):
         tokens = list(res.prompt) + list(gen[:-1])
@@ -315,6 +320,9 @@ def _direct_ok(model, res) -> bool:
     out = model(mx.array([list(res.prompt[res.count:])]), cache=cache)[0, -1]
     ref = cold_logprobs(model, res.prompt)[-1]
     return float(mx.abs(out - mx.logsumexp(out) - ref).max()) <= tolerance(model)
+
+
+VIEW_CAUSE = {"T1": "view-links", "T2": "view-siblings"}
 
 
 def spec_check(view) -> list:

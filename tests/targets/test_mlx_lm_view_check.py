@@ -18,7 +18,7 @@ def test_a_malformed_view_is_a_t1_finding(monkeypatch):
     monkeypatch.setattr(rules, "view_of", malformed)
     c = rules.Checker(enabled={"T1", "T2"})
     c.after_request(_driver(), SimpleNamespace(crash=None), [])
-    assert [(f.rule, f.kind) for f in c.findings] == [("T1", "violation")]
+    assert [(f.rule, f.cause, f.kind) for f in c.findings] == [("T1", "view-links", "violation")]
     assert "no node ends there" in c.findings[0].message
 
 
@@ -28,3 +28,14 @@ def test_an_adapter_fault_is_not_swallowed(monkeypatch):
     monkeypatch.setattr(rules, "view_of", broken)
     with pytest.raises(KeyError):
         rules.Checker(enabled={"T1", "T2"}).after_request(_driver(), SimpleNamespace(crash=None), [])
+
+
+def test_a_view_finding_has_a_cause_a_report_can_quote():
+    """Every cause the structure check can name quotes a line of the installed mlx-lm, and the report
+    and the Go-free export know its rule (a finding would otherwise crash the report)."""
+    from targets.mlx_lm.export import RULE_TEXT
+    for rule, cause in rules.VIEW_CAUSE.items():
+        c = rules.CAUSES[cause]
+        assert c.rule == rule and rule in RULE_TEXT
+        _, _, text = rules.quote(c)
+        assert c.quote in text
