@@ -229,6 +229,7 @@ RULE_TEXT = {
     "E1": "the bytes held at rest stay within --prompt-cache-bytes",
     "E3": "the least recently used entry is evicted first (a fetch is a use)",
     "A1": "the byte counter equals the bytes the entries hold",
+    "S2": "a stored entry's cache rests at the end of its key",
     "T1": "the trie's nodes link up: each starts where its parent ends",
     "T2": "no two children of a node share a first token",
 }

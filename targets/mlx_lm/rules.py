@@ -27,11 +27,10 @@ import mlx.core as mx
 
 from targets.base import ALL_RULES
 
-RULES = frozenset({"C1", "C2", "E1", "E3", "A1", "T1", "T2"})
+RULES = frozenset({"C1", "C2", "E1", "E3", "A1", "T1", "T2", "S2"})
 NOT_APPLICABLE = {
     "T3": "no live caches persist between requests; the fetched cache's layer offsets are part of C1",
     "S1": "an entry holds KV for [0, end) as one full copy, never per-edge slices (its design)",
-    "S2": "holds by construction: every entry is a deep copy of every layer taken at its own end",
     "S3": "there is no page-out of a frontier: entries are inserted whole at segment ends and at finish",
     "S4": "entries are never split",
     "M1": "no non-causal media on this path (requests with images take the sequential path)",
@@ -120,6 +119,11 @@ CAUSES = {
                          "if len(self._lru) > self.max_size:", "more entries than --prompt-cache-size at rest"),
     "counter-drift": Cause("A1", "mlx_lm.models.cache", "LRUPromptCache.insert_cache",
                            "self._n_bytes += entry.nbytes", "the byte counter differs from its entries' bytes"),
+    "entry-not-at-its-end": Cause("S2", "mlx_lm.models.cache", "LRUPromptCache.insert_cache",
+                                  "prev = self._trie.add(model, tokens, entry)",
+                                  "an entry is stored under a key its cache does not rest at the end of (layers "
+                                  "with an offset: KV, rotating); an exact hit or a trim then restores the wrong "
+                                  "positions. Recurrent layers have no offset and are judged by C1"),
     "view-links": Cause("T1", "mlx_lm.models.cache", "PromptTrie.add", 'current["__value__"] = value',
                         "the trie read back from PromptTrie's nested dicts does not link up (T1): a node whose "
                         "start no stored entry or branch point ends at; the program shows which insert did it"),
@@ -284,6 +288,12 @@ class Checker:
         if len(entries) > d.prompt_cache_size:
             self._add("E1", "count-limit", "violation",
                       f"{len(entries)} entries at rest; --prompt-cache-size {d.prompt_cache_size}")
+        for key, e in entries.items():                    # S2: an entry's layers rest at its end
+            off = [(i, o) for i, o in enumerate(e.offsets) if o >= 0 and o != len(key)]
+            if off:
+                self._add("S2", "entry-not-at-its-end", "violation",
+                          f"an entry of {len(key)} tokens holds layers at offsets "
+                          + ", ".join(f"{o} (layer {i})" for i, o in off))
         held = sum(e.held for e in entries.values())
         if held != d.lru.nbytes:
             self._add("A1", "counter-drift", "violation", f"counter {d.lru.nbytes} != bytes held {held}")

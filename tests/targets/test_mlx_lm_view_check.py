@@ -39,3 +39,27 @@ def test_a_view_finding_has_a_cause_a_report_can_quote():
         assert c.rule == rule and rule in RULE_TEXT
         _, _, text = rules.quote(c)
         assert c.quote in text
+
+
+class _ShiftedLRU:
+    """A planted bug: insert_cache stores the cache one position short of its key (a trim the
+    caller forgot to undo). Everything else is mlx-lm's LRUPromptCache."""
+
+    def __new__(cls, size, max_bytes):
+        from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+
+        class Shifted(LRUPromptCache):
+            def insert_cache(self, model, tokens, prompt_cache, **kw):
+                if can_trim_prompt_cache(prompt_cache) and len(tokens) > 1:
+                    trim_prompt_cache(prompt_cache, 1)
+                return super().insert_cache(model, tokens, prompt_cache, **kw)
+        return Shifted(size) if max_bytes is None else Shifted(size, max_bytes)
+
+
+def test_s2_flags_an_entry_stored_short_of_its_key():
+    from targets.mlx_lm import machine
+    program = {"model": "llama", "prompt_cache_size": 10, "prompt_cache_bytes": None,
+               "ops": [[[1, 2, 3, 4], [5, 6], False, 0], [[7, 8, 9], [1], False, 0]]}
+    assert not [f for f in machine.replay(program) if f.rule == "S2"]
+    found = [f for f in machine.replay(program, _ShiftedLRU) if f.rule == "S2"]
+    assert found and found[0].cause == "entry-not-at-its-end" and found[0].kind == "violation", found
