@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from targets.mlx_lm import rules
+from targets.mlx_lm import view as view_module      # the builder rules.view_of calls
 
 
 def _driver():
@@ -13,9 +14,9 @@ def _driver():
 
 
 def test_a_malformed_view_is_a_t1_finding(monkeypatch):
-    def malformed(d):
+    def malformed(d, last_used=None):
         raise ValueError("view: node (1 2) starts at 1 but no node ends there on its path")
-    monkeypatch.setattr(rules, "view_of", malformed)
+    monkeypatch.setattr(view_module, "view_of", malformed)
     c = rules.Checker(enabled={"T1", "T2"})
     c.after_request(_driver(), SimpleNamespace(crash=None), [])
     assert [(f.rule, f.cause, f.kind) for f in c.findings] == [("T1", "view-links", "violation")]
@@ -23,9 +24,9 @@ def test_a_malformed_view_is_a_t1_finding(monkeypatch):
 
 
 def test_an_adapter_fault_is_not_swallowed(monkeypatch):
-    def broken(d):
+    def broken(d, last_used=None):
         raise KeyError("__value__")
-    monkeypatch.setattr(rules, "view_of", broken)
+    monkeypatch.setattr(view_module, "view_of", broken)
     with pytest.raises(KeyError):
         rules.Checker(enabled={"T1", "T2"}).after_request(_driver(), SimpleNamespace(crash=None), [])
 
