@@ -90,8 +90,8 @@ def s2_whole_state_at_end(v: View):
             if s.end != n.end or (s.content is not None and tuple(s.content) != state_content(v.layers[i], n.keys)):
                 out.append(Violation("S2", str(n), f"layer {i} state at {s.end} is not the state at {n.end}"))
     r = v.request
-    if v.phase == "begun" and r.resume < resume_floor(r.matched, list(r.spans)) \
-            and resume_floor(r.matched, list(r.spans)) not in {c for c, _ in r.schedule}:
+    m = resume_floor(r.matched, list(r.spans)) if v.phase == "begun" else 0
+    if r is not None and r.resume < m and m not in {c for c, _ in r.schedule}:
         out.append(Violation("S2", f"begin of {len(r.keys)} keys", f"resumed at {r.resume} below the match "
                              f"{r.matched} without scheduling a capture there"))
     return out

@@ -141,27 +141,30 @@ def s3_impl(mp):
          lambda orig: lambda self, node: None if any(s is not None for s in node.snaps) else orig(self, node))
 
 
-def s4_spec(mp):                             # a split moves the whole-state to the head
-    def split(orig):
-        def sp(store, node, at):
-            head = orig(store, node, at)
-            for i in [i for i, s in node.snaps.items() if s.kind != KV]:
-                store.own(head, store.disown(node, i))
-            return head
-        return sp
-    wrap(mp, Trie, "split", split)
-
-
-def s4_impl(mp):
+def after_split(mp, cls, then):
+    """`cls.split` (spec or impl trie) followed by then(trie, node, head)."""
     def split(orig):
         def sp(trie, node, at):
             head = orig(trie, node, at)
-            for i, s in enumerate(node.snaps):
-                if s is not None and s.kind != "kv" and head.snaps[i] is None:
-                    trie.own(head, i, trie.disown(node, i))
+            then(trie, node, head)
             return head
         return sp
-    wrap(mp, ImplTrie, "split", split)
+    wrap(mp, cls, "split", split)
+
+
+def s4_spec(mp):                             # a split moves the whole-state to the head
+    def move(store, node, head):
+        for i in [i for i, s in node.snaps.items() if s.kind != KV]:
+            store.own(head, store.disown(node, i))
+    after_split(mp, Trie, move)
+
+
+def s4_impl(mp):
+    def move(trie, node, head):
+        for i, s in enumerate(node.snaps):
+            if s is not None and s.kind != "kv" and head.snaps[i] is None:
+                trie.own(head, i, trie.disown(node, i))
+    after_split(mp, ImplTrie, move)
 
 
 # ------------------------------------------------------------------- media
@@ -426,26 +429,18 @@ def e3_path_impl(mp):
 
 
 def s4_head_spec(mp):                        # a split head gets no KV halves
-    def split(orig):
-        def sp(store, node, at):
-            head = orig(store, node, at)
-            for i in list(head.snaps):
-                store.release(store.disown(head, i))
-            return head
-        return sp
-    wrap(mp, Trie, "split", split)
+    def strip(store, node, head):
+        for i in list(head.snaps):
+            store.release(store.disown(head, i))
+    after_split(mp, Trie, strip)
 
 
 def s4_head_impl(mp):
-    def split(orig):
-        def sp(trie, node, at):
-            head = orig(trie, node, at)
-            for i, s in enumerate(head.snaps):
-                if s is not None:
-                    trie.disown(head, i).release()
-            return head
-        return sp
-    wrap(mp, ImplTrie, "split", split)
+    def strip(trie, node, head):
+        for i, s in enumerate(head.snaps):
+            if s is not None:
+                trie.disown(head, i).release()
+    after_split(mp, ImplTrie, strip)
 
 
 def p2_user_spec(mp):                        # compaction ignores the user flag
