@@ -2,10 +2,18 @@
 machines against its prefix cache, write a report.
 
   ./dev check-ollama --src PATH [--minutes N] [--report DIR] [--layouts a,b]
+  ./dev check-ollama --src PATH --replay DIR/programs/S1.json [...]
   (OLLAMA_SRC stands for --src; --fixture runs our own Go fixture instead)
+
+--replay runs saved programs (a report's programs/*.json) on this checkout
+instead of a campaign, one line each: whether the program still breaks the
+rule it was saved for, and which other rules it breaks here. Exit 1 if any
+still breaks its rule, 0 if none: `git bisect run` can find the commit that
+fixed (or brought) a bug.
 
 Bad input gets one line on stderr and a non-zero exit, never a traceback:
   2  no checkout / no x/mlxrunner / Go build failure (the compiler's first error)
+     / a --replay file that is missing or not a saved program
   3  the harness process crashed mid-run (the program that crashed it is kept
      in DIR/crash.json)
   4  a fault of the machine itself (one line, the last operations sent)
@@ -22,7 +30,7 @@ from pathlib import Path
 
 from targets.ollama.build import BuildError, build, build_fixture
 from targets.ollama.gotest import export
-from targets.ollama.target import LAYOUTS, HarnessCrash, HarnessTarget
+from targets.ollama.target import LAYOUTS, HarnessCrash, HarnessTarget, TargetPanic
 
 # What each rule's violation means in Ollama's code at fb30760 (before the seed's
 # fixes), by function; the report quotes it next to each finding.
@@ -58,7 +66,14 @@ def main(argv=None) -> int:
     ap.add_argument("--fixture", action="store_true", help="run our own Go fixture, not Ollama (CI)")
     ap.add_argument("--pyside", choices=("impl", "spec"),
                     help="no Go: run the same machine on our impl or spec (a check of the machine itself)")
+    ap.add_argument("--replay", nargs="+", metavar="PROGRAM",
+                    help="replay saved programs (a report's programs/*.json) instead of a campaign")
     a = ap.parse_args(argv)
+    try:
+        programs = [load_program(p) for p in a.replay or ()]
+    except ValueError as e:
+        print(f"check-ollama: {e}", file=sys.stderr)
+        return 2
     from targets.report import campaign, write
     layouts = [x for x in a.layouts.split(",") if x]
     bad = [x for x in layouts if x not in LAYOUTS]
@@ -78,6 +93,14 @@ def main(argv=None) -> int:
             print(f"check-ollama: {e}", file=sys.stderr)
             return 2
         target = HarnessTarget(exe, name="fixture" if a.fixture else f"Ollama at {a.src}")
+    if programs:
+        try:
+            return replay_programs(target, programs)
+        except HarnessCrash as e:
+            print(f"check-ollama: {e}", file=sys.stderr)
+            return 3
+        finally:
+            target.shutdown()
     ours = a.fixture or a.pyside
     say = lambda f: print(f"check-ollama: {f.rule} after {f.seconds:.1f} s, {f.length} operations: {f.message}",
                           flush=True)
@@ -98,6 +121,47 @@ def main(argv=None) -> int:
     rate = c.steps / c.seconds if c.seconds else 0
     print(f"check-ollama: {len(c.findings)} rules violated, {c.steps} operations at {rate:.0f}/s; report: {path}")
     return 1 if c.findings else 0
+
+
+def load_program(path: str) -> tuple:
+    """(path, rule, ops) of a saved program; ValueError naming what is wrong with the file."""
+    try:
+        saved = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"--replay {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--replay {path}: not JSON ({e.msg}, line {e.lineno})") from None
+    ops = saved.get("ops") if isinstance(saved, dict) else None
+    if not (isinstance(ops, list) and ops and isinstance(ops[0], dict) and ops[0].get("op") == "reset"
+            and isinstance(saved.get("rule"), str)):
+        raise ValueError(f"--replay {path}: not a saved program (a report's programs/*.json: "
+                         f"a rule and ops starting with reset)")
+    return path, saved["rule"], ops
+
+
+def replay_programs(target, programs: list) -> int:
+    """Each program on the target, one line each; 1 if any still breaks the rule it was saved for."""
+    from targets.machine import replay_checked
+
+    still = 0
+    for path, rule, ops in programs:
+        try:
+            found = replay_checked(target, ops)
+        except TargetPanic as e:
+            found = [("PANIC", str(e).splitlines()[0] if str(e) else "panic")]
+        except (KeyError, TypeError, ValueError) as e:
+            print(f"check-ollama: --replay {path}: not a program this harness runs ({type(e).__name__}: {e})",
+                  file=sys.stderr)
+            return 2
+        rules = sorted({r for r, _ in found})
+        hit = rule in rules
+        still += hit
+        first = next((m for r, m in found if r == rule), None)
+        others = [r for r in rules if r != rule]
+        print(f"check-ollama: {path}: {rule} " + (f"still broken: {first}" if hit else "not reproduced")
+              + (f"; also breaks {', '.join(others)}" if others else ""), flush=True)
+    print(f"check-ollama: {still} of {len(programs)} programs still break their rule")
+    return 1 if still else 0
 
 
 if __name__ == "__main__":

@@ -125,6 +125,29 @@ def test_cli_bad_checkouts(tmp_path):
     assert p.returncode == 2 and "has no x/mlxrunner" in one_line(p)
 
 
+def test_cli_replay_tells_whether_a_saved_program_still_breaks_its_rule(tmp_path):
+    """--replay runs a report's saved program on a checkout, campaign-free: exit 1 while it still breaks
+    the rule it was saved for (the fixture's planted counter bug, A1), 0 once it does not (no bug);
+    a file that is missing or not a program is refused before the build, in one line."""
+    prog = tmp_path / "A1.json"
+    reset = dict(op="reset", layout="transformer", budget=1 << 40, interval=8, near_end=4, chunk=8)
+    prog.write_text(json.dumps(dict(rule="A1", layout="transformer", ops=[
+        reset, dict(op="begin", keys=[1, 2, 3], spans=[]), dict(op="prefill", max_chunks=None),
+        dict(op="close")])))
+    p = cli("--fixture", "--replay", str(prog), env={"FIXTURE_BUG": "counter"})
+    assert p.returncode == 1, p.stderr
+    assert f"{prog}: A1 still broken" in p.stdout and "1 of 1 programs still break their rule" in p.stdout
+    p = cli("--fixture", "--replay", str(prog))
+    assert p.returncode == 0, p.stderr
+    assert f"{prog}: A1 not reproduced" in p.stdout and "0 of 1 programs" in p.stdout
+    for name, text, why in (("empty.json", "{}", "not a saved program"), ("bad.json", "{", "not JSON"),
+                            ("gone.json", None, "No such file")):
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        p = cli("--fixture", "--replay", str(prog), str(tmp_path / name))
+        assert p.returncode == 2 and name in one_line(p) and why in one_line(p), p.stderr
+
+
 def test_go_build_failure_shows_the_first_compiler_error(tmp_path):
     src = tmp_path / "co"
     (src / "x/mlxrunner/cache").mkdir(parents=True)
