@@ -19,8 +19,11 @@ Invariants:
     (`Hunt.rule`), so shrinking keeps to that rule; rules already found
     (`Hunt.found`) are ignored by later runs; `Hunt.seen` records when each
     rule was first broken by any example;
-  - `minimize` keeps programs in pipeline order (`well_formed`) and never
-    steps after a prefill that did not complete.
+  - `minimize` keeps programs in pipeline order (`well_formed`): it never
+    steps after a prefill that did not complete, and a request's first step
+    is its seed (the prompt's last key: a harness feeds whatever key it gets,
+    so a program that dropped the seed step would judge a stream no
+    pipeline evaluates); `replay_checked` refuses both.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from spec.cache import PrefixCache as SpecCache
 from spec.media import MediaItem, keys_of, noncausal_spans
-from targets.ollama.target import TargetPanic
+from targets.ollama.target import TargetPanic, wire_key
 from targets.viewcheck import as_op, check_op, check_view
 
 
@@ -257,23 +260,31 @@ def replay(target, ops: list) -> list:
     return found
 
 
+def is_seed(key: int, begin: dict) -> bool:
+    """The request's first step evaluates its prompt's last key (`begin` records keys in the
+    target's wire alphabet, a step the key itself)."""
+    last = begin["keys"][-1]
+    return key == last or wire_key(key) == last
+
+
 def well_formed(ops: list) -> bool:
     """The pipeline's order: reset first; begin, prefill*, step*, close per
-    request (a step only after a prefill that completed); set_budget anywhere."""
+    request (a step only after a prefill that completed, the first one the
+    seed); set_budget anywhere."""
     if not ops or ops[0]["op"] != "reset":
         return False
-    state = "idle"
+    state, begun = "idle", None
     for o in ops[1:]:
         n = o["op"]
         if n == "begin":
             if state != "idle":
                 return False
-            state = "begun"
+            state, begun = "begun", o
         elif n == "prefill":
             if state != "begun":
                 return False
         elif n == "step":
-            if state not in ("begun", "stepping"):
+            if state not in ("begun", "stepping") or (state == "begun" and not is_seed(o["key"], begun)):
                 return False
             state = "stepping"
         elif n == "close":
@@ -294,8 +305,22 @@ def reproduces(target, ops: list, rule: str) -> bool:
         return rule == "PANIC"
 
 
+def seeds_checked(ops: list) -> None:
+    """ValueError unless each request's first step is its seed."""
+    begun, seeded = None, True
+    for o in ops:
+        if o["op"] == "begin":
+            begun, seeded = o, False
+        elif o["op"] == "step" and not seeded:
+            if not is_seed(o["key"], begun):
+                raise ValueError(f"the first step evaluates {o['key']}, not the seed {begun['keys'][-1]}")
+            seeded = True
+
+
 def replay_checked(target, ops: list) -> list:
-    """replay, refusing a step after a prefill that did not complete (not a pipeline order)."""
+    """replay, refusing a step after a prefill that did not complete, or a first step that is not
+    the seed (not a pipeline order)."""
+    seeds_checked(ops)
     done = True
     out = []
     for i, o in enumerate(ops):

@@ -89,7 +89,8 @@ def campaign(target, layouts, minutes: float, config: dict | None = None, max_ex
 def program_text(ops: list) -> str:
     lines = []
     for o in ops:
-        args = ", ".join(f"{k}={v}" for k, v in o.items() if k not in ("op", "tokens", "media") and v is not None)
+        args = ", ".join(f"{k}={v}" for k, v in o.items() if k not in ("op", "tokens", "media") and v is not None
+                         and not (k == "max_chunks" and v == 0))       # a prefill of every chunk: prefill()
         lines.append(f"{o['op']}({args})")
     return "\n".join(lines)
 

@@ -136,6 +136,11 @@ def load_program(path: str) -> tuple:
             and isinstance(saved.get("rule"), str)):
         raise ValueError(f"--replay {path}: not a saved program (a report's programs/*.json: "
                          f"a rule and ops starting with reset)")
+    from targets.machine import seeds_checked
+    try:
+        seeds_checked(ops)
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise ValueError(f"--replay {path}: not a pipeline program ({e})") from None
     return path, saved["rule"], ops
 
 

@@ -16,7 +16,7 @@ from spec.rules import check
 from targets.machine import Hunt, hunt_once, replay
 from targets.ollama.build import BuildError, build, build_fixture
 from targets.ollama.gotest import export
-from targets.ollama.target import HarnessCrash, HarnessTarget
+from targets.ollama.target import HarnessCrash, HarnessTarget, wire_key
 from targets.report import campaign, write
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,6 +146,27 @@ def test_cli_replay_tells_whether_a_saved_program_still_breaks_its_rule(tmp_path
             (tmp_path / name).write_text(text)
         p = cli("--fixture", "--replay", str(prog), str(tmp_path / name))
         assert p.returncode == 2 and name in one_line(p) and why in one_line(p), p.stderr
+
+
+def test_a_program_whose_first_step_is_not_the_seed_is_not_a_pipeline_program():
+    """A harness feeds whatever key a step carries, so a program reduced past its seed step (the
+    prompt's last key) judges a stream no pipeline evaluates: found on Ollama c01eafa55, where such a
+    program broke S1, S2 and C1 on every checkout, fixed or not. minimize keeps the seed (well_formed),
+    replay refuses the program, and the report prints a full prefill as prefill()."""
+    from targets.machine import replay_checked, well_formed
+    from targets.report import program_text
+
+    reset = dict(op="reset", layout="hybrid", budget=1 << 40, interval=8, near_end=4, chunk=8)
+    fold = (1 << 62) | 7                                           # a causal media item's key as the seed
+    program = lambda seed, last=3: [reset, dict(op="begin", keys=[1, 2, wire_key(last)], spans=[]),
+                                    dict(op="prefill", max_chunks=0), dict(op="step", key=seed),
+                                    dict(op="step", key=6), dict(op="close")]
+    assert well_formed(program(3)) and well_formed(program(fold, last=fold))
+    assert not well_formed(program(4)) and not well_formed(program(6))
+    with pytest.raises(ValueError, match="not the seed 3"):
+        replay_checked(None, program(4))
+    assert program_text(program(3)).splitlines()[2] == "prefill()"
+    assert program_text([dict(op="prefill", max_chunks=1)]) == "prefill(max_chunks=1)"
 
 
 def test_go_build_failure_shows_the_first_compiler_error(tmp_path):
