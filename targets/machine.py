@@ -273,18 +273,18 @@ def well_formed(ops: list) -> bool:
     seed); set_budget anywhere."""
     if not ops or ops[0]["op"] != "reset":
         return False
-    state, begun = "idle", None
+    state = "idle"
     for o in ops[1:]:
         n = o["op"]
         if n == "begin":
             if state != "idle":
                 return False
-            state, begun = "begun", o
+            state = "begun"
         elif n == "prefill":
             if state != "begun":
                 return False
         elif n == "step":
-            if state not in ("begun", "stepping") or (state == "begun" and not is_seed(o["key"], begun)):
+            if state not in ("begun", "stepping"):
                 return False
             state = "stepping"
         elif n == "close":
@@ -293,6 +293,10 @@ def well_formed(ops: list) -> bool:
             state = "idle"
         elif n == "reset":
             return False
+    try:
+        seeds_checked(ops)
+    except ValueError:
+        return False
     return True
 
 
