@@ -31,3 +31,20 @@ def test_builds_and_serves_the_protocol(tmp_path):
         assert ("S3" in found) != fixed, found
     finally:
         t.shutdown()
+
+
+def test_replay_cli_tells_whether_the_checkout_still_has_the_bug(tmp_path):
+    """`check-ollama --replay` on the same program, saved as a report saves it: exit 1 and "still broken"
+    on a checkout without the seed's fixes, exit 0 and "not reproduced" with them (OLLAMA_SRC_FIXED=1)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    prog = tmp_path / "S3.json"
+    prog.write_text(json.dumps(dict(rule="S3", layout="sliding", ops=S3_PROGRAM)))
+    p = subprocess.run([sys.executable, "-m", "targets.ollama", "--src", SRC, "--replay", str(prog)],
+                       cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)
+    fixed = os.environ.get("OLLAMA_SRC_FIXED") == "1"
+    assert p.returncode == (0 if fixed else 1), p.stderr
+    assert ("S3 not reproduced" if fixed else "S3 still broken") in p.stdout, p.stdout
