@@ -7,7 +7,8 @@ check: hunts distinct rule violations from scratch for N minutes (default 10), w
 reports/mlx-lm); --save also stores the findings in targets/mlx_lm/findings/. --lru runs against
 another cache: FACTORY(prompt_cache_size, prompt_cache_bytes) stands for server.run's construction
 (a hand-fixed copy, to show the adapter raises no false alarms).
-Exit status: 0 whatever is found (findings are the product); 2 on bad arguments.
+Exit status: 0 whatever is found (findings are the product); 2 on bad arguments, or an mlx-lm without
+mlx_lm.models.cache.LRUPromptCache (before 0.32), in one line.
 replay: every saved finding; "reproduces" on the pinned version, "fixed upstream in X" when a newer
 mlx-lm no longer shows it; exit 1 only when a finding stops reproducing on the version it was found on.
 """
@@ -38,6 +39,18 @@ def _lru(spec):
     else:
         mod = importlib.import_module(path)
     return getattr(mod, name or "LRUPromptCache")
+
+
+def _unsupported() -> str | None:
+    """Why the installed mlx-lm cannot be driven (one line), or None: the target drives the cache the
+    0.32 server keeps in mlx_lm.models.cache (earlier versions keep another in mlx_lm/server.py)."""
+    try:
+        from mlx_lm.models.cache import LRUPromptCache  # noqa: F401
+    except ImportError:
+        from targets.mlx_lm import MLX_LM_RANGE
+        return (f"mlx-lm {_version()} has no mlx_lm.models.cache.LRUPromptCache, the server prompt cache "
+                f"this target drives (checked against mlx-lm {MLX_LM_RANGE}; pip install 'mlx-lm{MLX_LM_RANGE}')")
+    return None
 
 
 def check(args) -> int:
@@ -99,6 +112,10 @@ def main(argv=None) -> int:
     r = sub.add_parser("render")
     r.add_argument("dir")
     args = ap.parse_args(argv)
+    why = _unsupported()
+    if why:
+        print(f"check-mlx-lm: {why}", file=sys.stderr)
+        return 2
     return {"check": check, "replay": replay, "render": render}[args.cmd](args)
 
 

@@ -32,3 +32,17 @@ def test_a_finding_gone_on_a_newer_version_is_fixed_upstream():
     clean = {**rec, "program": {**rec["program"], "ops": [[[1, 2], [3], False, 0]]}}   # breaks nothing
     assert machine.replay_status(clean, "9.9.9") == "fixed upstream in 9.9.9"
     assert machine.replay_status({**clean, "mlx_lm_version": "9.9.9"}, "9.9.9") == "does not reproduce"
+
+
+@pytest.mark.parametrize("cmd", [["replay"], ["check", "--minutes", "0.01"]])
+def test_an_mlx_lm_without_the_server_prompt_cache_is_refused_in_one_line(cmd, monkeypatch, capsys):
+    """mlx-lm before 0.32 keeps its LRUPromptCache in mlx_lm/server.py, which the adapter does not drive:
+    check and replay say so in one line (exit 2) instead of an ImportError traceback."""
+    import mlx_lm.models.cache as cache_module
+
+    from targets.mlx_lm.__main__ import main
+
+    monkeypatch.delattr(cache_module, "LRUPromptCache")
+    assert main(cmd) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no mlx_lm.models.cache.LRUPromptCache" in err[0] and "0.32.2" in err[0], err
