@@ -37,7 +37,8 @@ from targets.ollama.target import LAYOUTS, HarnessCrash, HarnessTarget, TargetPa
 EXPLAIN = {
     "S3": "seed paragraph 1: pageOut returns early when node.hasSnapshots(); a close landing on a head "
           "split off an existing edge (advancePath -> splitNode) already has KV halves, so its "
-          "recurrent/windowed state is never captured.",
+          "recurrent/windowed state is never captured. (Before 30e289180, close did not page out at all: "
+          "the frontier it recorded had no snapshots.)",
     "M2": "seed paragraph 2: schedulePrefillSnapshots keeps offsets strictly inside a non-causal media item.",
     "M3": "seed paragraph 2: begin/switchToPath resume at the match even when it ends inside a non-causal item.",
     "P1": "seed paragraph 3: switchToPath trims activePath to nodes with endOffset <= the live offset, "
@@ -47,7 +48,8 @@ EXPLAIN = {
     "S1": "seed paragraph 3: after a resume inside an edge, attachPrefillSnapshots -> advancePath rebuilds "
           "the node from the path's last node while the capture starts at the resume offset; "
           "attachCapturedSnapshots keeps the short KV snapshot (Split returns it whole), so its range "
-          "is not the edge.",
+          "is not the edge. (Before 81f9a394e, advancePath also extended a node in place under the "
+          "prefill's captures, so its snapshots covered only the tokens the prefill evaluated.)",
     "G1": "seed paragraph 3: mergeWithChild -> Cache.Merge (the fake's and kvcache's) concatenate "
           "without checking that the first snapshot ends where the second begins.",
     "E1": "seed paragraph 4: enforceEvictionPolicy skips every node of activeSet (the whole active path), "
