@@ -160,12 +160,10 @@ def replay_programs(target, programs: list) -> int:
             print(f"check-ollama: --replay {path}: not a program this harness runs ({type(e).__name__}: {e})",
                   file=sys.stderr)
             return 2
-        rules = sorted({r for r, _ in found})
-        hit = rule in rules
-        still += hit
         first = next((m for r, m in found if r == rule), None)
-        others = [r for r in rules if r != rule]
-        print(f"check-ollama: {path}: {rule} " + (f"still broken: {first}" if hit else "not reproduced")
+        still += first is not None
+        others = sorted({r for r, _ in found} - {rule})
+        print(f"check-ollama: {path}: {rule} " + (f"still broken: {first}" if first else "not reproduced")
               + (f"; also breaks {', '.join(others)}" if others else ""), flush=True)
     print(f"check-ollama: {still} of {len(programs)} programs still break their rule")
     return 1 if still else 0

@@ -3,7 +3,11 @@ the test is skipped (CI cannot reach Ollama's source); see
 test_ollama_fixture.py for the build and protocol against our own fixture."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,11 +40,6 @@ def test_builds_and_serves_the_protocol(tmp_path):
 def test_replay_cli_tells_whether_the_checkout_still_has_the_bug(tmp_path):
     """`check-ollama --replay` on the same program, saved as a report saves it: exit 1 and "still broken"
     on a checkout without the seed's fixes, exit 0 and "not reproduced" with them (OLLAMA_SRC_FIXED=1)."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
     prog = tmp_path / "S3.json"
     prog.write_text(json.dumps(dict(rule="S3", layout="sliding", ops=S3_PROGRAM)))
     p = subprocess.run([sys.executable, "-m", "targets.ollama", "--src", SRC, "--replay", str(prog)],
