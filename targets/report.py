@@ -115,15 +115,19 @@ def write(report_dir, c: Campaign, explain: dict | None = None, exporter=None, e
         (d / "programs" / f"{rule}.json").write_text(json.dumps(
             dict(rule=rule, layout=f.layout, message=f.message, ops=f.ops), indent=1))
         md += [f"## {rule}", "", f"*Rule:* {meaning(rule)}", ""]
-        if explain and rule in explain:
-            md += [f"*Why (the cause at Ollama fb30760, the stored copy; check it on other commits):* "
-                   f"{explain[rule]}", ""]
+        why = (explain or {}).get(f"{rule} on a lazy layout" if f.layout.endswith("-lazy") else rule) \
+            or (explain or {}).get(rule)
+        if why:
+            md += [f"*Why (the cause at Ollama fb30760, the stored copy; check it on other commits):* {why}", ""]
         md += [f"Found after {f.seconds:.1f} s on layout `{f.layout}`; shrunk to {f.length} operations "
                f"(`programs/{rule}.json`):", "", "```", program_text(f.ops), "```", ""]
-        if exporter:
-            go = exporter(rule, f.ops)
+        go = exporter(rule, f.ops) if exporter else None
+        if go is not None:
             (d / "programs" / f"{rule}_test.go").write_text(go)
             md += [f"As a Go test (`programs/{rule}_test.go`, paste into x/mlxrunner):", "", "```go", go, "```", ""]
+        elif exporter:
+            md += ["No Go test: the target's own fakes cannot express this layout; replay the program with "
+                   "`--replay`.", ""]
     md += ["## Policy differences (spec vs target, no rule broken)", "",
            "| kind | operations | first example |", "|---|---|---|"]
     for kind, (n, ex) in sorted(c.policy.items()):

@@ -64,8 +64,11 @@ def go_ints(xs) -> str:
     return "{" + ", ".join(str(int(x) if x < 1 << 31 else int(x) - (1 << 32)) for x in xs) + "}"
 
 
-def export(rule: str, ops: list, name: str | None = None) -> str:
+def export(rule: str, ops: list, name: str | None = None) -> str | None:
+    """The program as a Go test; None on a "-lazy" layout, whose lazy views Ollama's fakes cannot express."""
     reset = ops[0]
+    if reset["layout"] not in LAYOUT_GO:
+        return None
     body = [f"\ttr := &snapshotTracker{{}}",
             f"\tpc := &prefixCache{{caches: []cache.Cache{{{LAYOUT_GO[reset['layout']]}}}}}",
             "\tvar s *cacheSession",

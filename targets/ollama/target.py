@@ -23,6 +23,9 @@ from targets.viewcheck import view_of
 FOLD = 1 << 31
 COST = {"kv": 16, "windowed": 16, "recurrent": 12}
 LAYOUTS = ("transformer", "sliding", "recurrent", "stateless", "hybrid")
+# The same layouts with the KV fakes' snapshots made lazy views of the live rows, as Ollama's KVCache
+# makes them (harness/driver_test.go): the byte counter then moves through the materialise hooks.
+LAZY_LAYOUTS = tuple(f"{name}-lazy" for name in LAYOUTS)
 
 
 def wire_key(k: int) -> int:

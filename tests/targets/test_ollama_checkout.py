@@ -47,3 +47,36 @@ def test_replay_cli_tells_whether_the_checkout_still_has_the_bug(tmp_path):
     fixed = os.environ.get("OLLAMA_SRC_FIXED") == "1"
     assert p.returncode == (0 if fixed else 1), p.stderr
     assert ("S3 not reproduced" if fixed else "S3 still broken") in p.stdout, p.stdout
+
+
+# Lazy KV views (layout "hybrid-lazy", as Ollama's KVCache makes its snapshots) expose a budget break that
+# the eager fakes hide: close compacts the path after its last enforcement, and merging an owned parent KV
+# with a lazy child copies the child out, so the trie rests over budget (docs/peers.md). Found on the
+# seed-fixed copy and on fb30760 alike; one enforceEvictionPolicy after that compactPath removes it.
+def _request(keys, prefill=True):
+    return [dict(op="begin", keys=keys, spans=[]), *([dict(op="prefill", max_chunks=0)] if prefill else []),
+            dict(op="close")]
+
+
+LAZY_E1_PROGRAM = [dict(op="reset", budget=400, interval=8, near_end=4, chunk=8, layout="hybrid-lazy"),
+                   *_request([6, 2, 2, 4, 1, 5, 5, 3]), *_request([3, 5]),
+                   *_request([6, 2, 2, 4, 1, 5, 5, 1], prefill=False), *_request([3, 4, 4, 2, 5])]
+
+
+def test_lazy_layout_views_materialise_and_expose_the_budget_break_after_close(tmp_path):
+    t = HarnessTarget(build(SRC, tmp_path))
+    try:
+        replay(t, LAZY_E1_PROGRAM[:4])                       # one request: its KV snapshots are views
+        kv = [s for n in t.view().walk() for s in n.snaps.values() if s.kind == "kv"]
+        assert kv and all(s.lazy and s.nbytes == 0 for s in kv), kv
+        replay(t, LAZY_E1_PROGRAM[:7])                       # another prompt overwrites rows [0, 2)
+        v = t.view()
+        owned = [s for n in v.walk() for s in n.snaps.values() if s.kind == "kv" and not s.lazy]
+        assert [(s.start, s.end) for s in owned] == [(0, 4)] * 3 and all(s.nbytes == 4 * 16 for s in owned)
+        assert v.counter == sum(s.nbytes for n in v.walk() for s in n.snaps.values())    # through the hooks (A1)
+        lazy = {rule for rule, _ in replay(t, LAZY_E1_PROGRAM)}
+        eager = {rule for rule, _ in replay(t, [dict(LAZY_E1_PROGRAM[0], layout="hybrid"), *LAZY_E1_PROGRAM[1:]])}
+        assert "E1" in lazy, f"the lazy program no longer breaks E1 on this checkout: {lazy} (fixed upstream?)"
+        assert "E1" not in eager, eager
+    finally:
+        t.shutdown()

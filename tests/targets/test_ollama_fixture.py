@@ -190,3 +190,18 @@ def test_go_export_names_ollama_test_helpers():
                  "feedAll(pc.caches", "s.outputs = append(s.outputs, 2)", "hasAllSnapshots", "-2147483643"):
         assert name in go
     assert go.count("{") == go.count("}")
+
+
+def test_lazy_layouts_are_for_an_ollama_checkout_only():
+    """The "-lazy" layouts wrap Ollama's own fakes (harness/driver_test.go): our fixture and the Go-free
+    path refuse them in one line, and a program found on one exports no Go test (Ollama's fakes copy
+    eagerly, so the test could not reproduce it); its report says to replay it instead."""
+    for mode in ("--fixture", "--pyside=impl"):
+        p = cli(mode, "--minutes", "0.1", "--layouts", "transformer,hybrid-lazy")
+        assert p.returncode == 2, p.stderr
+        assert one_line(p) == "check-ollama: unknown layout hybrid-lazy (known here: transformer, sliding, " \
+                              "recurrent, stateless, hybrid)"
+    ops = [dict(op="reset", layout="hybrid-lazy", budget=400, interval=8, near_end=4, chunk=8),
+           dict(op="begin", keys=[1, 2, 3], spans=[]), dict(op="close")]
+    assert export("E1", ops) is None
+    assert export("E1", [dict(ops[0], layout="hybrid"), *ops[1:]]).startswith("func TestPrefixTrieE1Found(")

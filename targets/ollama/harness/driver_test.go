@@ -18,6 +18,11 @@
 //     contents are comparable with the trie's key paths;
 //   - snapshot sizes are set when a snapshot is made (before any node holds it):
 //     KV cost*positions, windowed cost*min(W,positions), recurrent cost.
+//   - in a "-lazy" layout (e.g. "hybrid-lazy"), a KV snapshot taken from the
+//     live rows is a lazy view, as Ollama's KVCache makes them: it owns 0
+//     bytes until a write overwrites its rows or the cache is freed, and then
+//     materialises through its hook (the fake's materialize). Two views merge
+//     or split into views; any other merge copies out its inputs first.
 package mlxrunner
 
 import (
@@ -27,6 +32,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,6 +57,36 @@ type sized struct {
 	cache.Cache
 	h     *harness
 	layer int
+	views map[*fakeSnapshot]bool // outstanding lazy views of the live rows ("-lazy" layouts, KV layers)
+}
+
+func (c *sized) lazyKV() bool { return c.h.lazy && *c.h.layers[c.layer].Kind == "kv" }
+
+// view makes a snapshot just taken from the live rows a lazy view: it owns nothing yet.
+func (c *sized) view(s cache.Snapshot) cache.Snapshot {
+	if fs, ok := s.(*fakeSnapshot); ok && fs != nil && c.lazyKV() {
+		fs.byteSize = 0
+		c.views[fs] = true
+	}
+	return s
+}
+
+func (c *sized) isView(s cache.Snapshot) bool {
+	fs, ok := s.(*fakeSnapshot)
+	return ok && fs != nil && c.views[fs] && fs.closeCount == 0
+}
+
+// materialise copies out every view overlapping rows [p, q) before they are
+// overwritten: it then owns its rows, and its hook reports them.
+func (c *sized) materialise(p, q int) {
+	for fs := range c.views {
+		if fs.closeCount > 0 {
+			delete(c.views, fs)
+		} else if fs.from < q && fs.to > p {
+			delete(c.views, fs)
+			fs.materialize(c.h.layers[c.layer].Cost * len(fs.tokens))
+		}
+	}
 }
 
 func (c *sized) fix(s cache.Snapshot) cache.Snapshot {
@@ -69,17 +105,25 @@ func (c *sized) fix(s cache.Snapshot) cache.Snapshot {
 	return s
 }
 
-func (c *sized) Snapshot(from int) cache.Snapshot { return c.fix(c.Cache.Snapshot(from)) }
+func (c *sized) Snapshot(from int) cache.Snapshot { return c.view(c.fix(c.Cache.Snapshot(from))) }
 func (c *sized) TakeSnapshots() []cache.Snapshot {
 	out := c.Cache.TakeSnapshots()
 	for _, s := range out {
-		c.fix(s)
+		c.view(c.fix(s))
 	}
 	return out
 }
 func (c *sized) Split(s cache.Snapshot, at int) (cache.Snapshot, cache.Snapshot) {
+	lazy := c.isView(s)
 	a, b := c.Cache.Split(s, at)
-	return c.fix(a), c.fix(b)
+	c.fix(a)
+	c.fix(b)
+	if lazy { // a view splits into two views (arithmetic)
+		delete(c.views, s.(*fakeSnapshot))
+		c.view(a)
+		c.view(b)
+	}
+	return a, b
 }
 func (c *sized) Merge(p, ch cache.Snapshot) cache.Snapshot {
 	pf, ok1 := p.(*fakeSnapshot)
@@ -87,7 +131,37 @@ func (c *sized) Merge(p, ch cache.Snapshot) cache.Snapshot {
 	if ok1 && ok2 && pf != nil && cf != nil && *c.h.layers[c.layer].Kind == "kv" && pf.to != cf.from {
 		c.h.merges = append(c.h.merges, hMerge{c.layer, [2]int{pf.from, pf.to}, [2]int{cf.from, cf.to}})
 	}
-	return c.fix(c.Cache.Merge(p, ch))
+	lazy := c.isView(p) && c.isView(ch)
+	if !lazy { // an owned merge copies its inputs out first (Ollama's KVCache.Merge)
+		for _, s := range []cache.Snapshot{p, ch} {
+			if c.isView(s) {
+				fs := s.(*fakeSnapshot)
+				delete(c.views, fs)
+				fs.materialize(c.h.layers[c.layer].Cost * len(fs.tokens))
+			}
+		}
+	}
+	m := c.fix(c.Cache.Merge(p, ch))
+	if lazy { // two views of the live rows merge into one view (arithmetic)
+		delete(c.views, pf)
+		delete(c.views, cf)
+		c.view(m)
+	}
+	return m
+}
+func (c *sized) Restore(s cache.Snapshot, target int) bool {
+	if s != nil && !c.isView(s) && c.lazyKV() { // an owned snapshot's rows are written back, all of them
+		if fs, ok := s.(*fakeSnapshot); ok && fs != nil { // (KVCache.Restore appends them, then clamps)
+			c.materialise(fs.from, fs.to)
+		}
+	}
+	return c.Cache.Restore(s, target)
+}
+func (c *sized) Free() {
+	if c.lazyKV() {
+		c.materialise(0, 1<<62)
+	}
+	c.Cache.Free()
 }
 
 type harness struct {
@@ -100,6 +174,8 @@ type harness struct {
 	nearEnd  int
 	chunk    int
 	merges   []hMerge
+	lazy     bool     // a "-lazy" layout: KV snapshots of the live rows are lazy views
+	wrapped  []*sized // the fakes as the prefix cache sees them
 
 	session   *cacheSession
 	keys      []uint32
@@ -121,6 +197,7 @@ func kindPtr(s string) *string { return &s }
 func (h *harness) layout(name string, cost map[string]int) {
 	tr := &snapshotTracker{}
 	h.tracker = tr
+	name, h.lazy = strings.CutSuffix(name, "-lazy")
 	kv := func() cache.Cache { return &fakeRewindableCache{tracker: tr} }
 	rec := func() cache.Cache { return &fakeRecurrentCache{tracker: tr} }
 	var fakes []cache.Cache
@@ -141,6 +218,7 @@ func (h *harness) layout(name string, cost map[string]int) {
 	h.fakes = fakes
 	h.layers = nil
 	wrapped := make([]cache.Cache, len(fakes))
+	h.wrapped = make([]*sized, len(fakes))
 	for i, f := range fakes {
 		switch f.(type) {
 		case nil:
@@ -153,7 +231,8 @@ func (h *harness) layout(name string, cost map[string]int) {
 		default:
 			h.layers = append(h.layers, hLayer{kindPtr("recurrent"), cost["recurrent"], 0})
 		}
-		wrapped[i] = &sized{Cache: f, h: h, layer: i}
+		h.wrapped[i] = &sized{Cache: f, h: h, layer: i, views: map[*fakeSnapshot]bool{}}
+		wrapped[i] = h.wrapped[i]
 	}
 	h.pc = &prefixCache{caches: wrapped}
 	h.pc.ensureRoot()
@@ -164,8 +243,11 @@ func (h *harness) feed(keys []uint32) {
 	for i, k := range keys {
 		toks[i] = int32(k)
 	}
-	for _, f := range h.fakes {
+	for i, f := range h.fakes {
 		if fd, ok := f.(feeder); ok {
+			if w := h.wrapped[i]; w.lazyKV() { // the write overwrites rows [offset, offset+n)
+				w.materialise(w.Offset(), w.Offset()+len(toks))
+			}
 			fd.feed(toks)
 		}
 	}

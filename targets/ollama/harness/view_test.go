@@ -65,7 +65,7 @@ func (h *harness) view() map[string]any {
 			}
 			l := h.layers[i]
 			sv := hSnap{Layer: i, Kind: *l.Kind, Start: fs.from, End: fs.to, Bytes: fs.Size(),
-				Content: content(fs.tokens, l), Ident: ident[fs]}
+				Content: content(fs.tokens, l), Ident: ident[fs], Lazy: h.wrapped[i].isView(fs)}
 			if *l.Kind != "kv" {
 				sv.Start = fs.to
 			}
