@@ -95,7 +95,9 @@ def program_text(ops: list) -> str:
     return "\n".join(lines)
 
 
-def write(report_dir, c: Campaign, explain: dict | None = None, exporter=None, extra: str = "") -> Path:
+def write(report_dir, c: Campaign, explain=None, exporter=None, extra: str = "") -> Path:
+    """`explain(rule, layout)`: the cause in the target's code, or None; `exporter(rule, ops)`: the program
+    in the target's own test language, or None where it cannot be expressed there."""
     d = Path(report_dir)
     (d / "programs").mkdir(parents=True, exist_ok=True)
     rate = c.steps / c.seconds if c.seconds else 0.0
@@ -115,8 +117,7 @@ def write(report_dir, c: Campaign, explain: dict | None = None, exporter=None, e
         (d / "programs" / f"{rule}.json").write_text(json.dumps(
             dict(rule=rule, layout=f.layout, message=f.message, ops=f.ops), indent=1))
         md += [f"## {rule}", "", f"*Rule:* {meaning(rule)}", ""]
-        why = (explain or {}).get(f"{rule} on a lazy layout" if f.layout.endswith("-lazy") else rule) \
-            or (explain or {}).get(rule)
+        why = explain(rule, f.layout) if explain else None
         if why:
             md += [f"*Why (the cause at Ollama fb30760, the stored copy; check it on other commits):* {why}", ""]
         md += [f"Found after {f.seconds:.1f} s on layout `{f.layout}`; shrunk to {f.length} operations "

@@ -56,13 +56,18 @@ EXPLAIN = {
           "so a conversation's own checkpoints stay over budget.",
     "E2": "seed paragraph 4: enforceEvictionPolicy's protection differs from root/frontier/branch points.",
     "C2": "a consequence of the P1/S3 bugs: the restore point the trie should serve is not used.",
-    # found with lazy KV views only (the "-lazy" layouts); report.write prefers these there
+    # found with lazy KV views only (the "-lazy" layouts); cause() prefers these there
     "E1 on a lazy layout": "close runs compactPath after pageOut's enforceEvictionPolicy. Merging an owned parent "
           "KV snapshot with a lazy child copies the child out (KVCache.Merge), and its hook grows pagedOutBytes "
           "with no enforcement after it, so the trie rests over budget. The owned parent is a snapshot that "
           "page-in restored and left owned (it never becomes a view of the live rows again). On fb30760 the "
           "seed's activeSet protection (E1 above) applies too.",
 }
+
+
+def cause(rule: str, layout: str) -> str | None:
+    """EXPLAIN's entry for a rule broken on a layout (on a lazy layout, its own entry first)."""
+    return layout.endswith("-lazy") and EXPLAIN.get(f"{rule} on a lazy layout") or EXPLAIN.get(rule)
 
 
 def main(argv=None) -> int:
@@ -129,7 +134,7 @@ def main(argv=None) -> int:
         return 4
     finally:
         target.shutdown()
-    path = write(report, c, explain=None if ours else EXPLAIN, exporter=None if ours else export)
+    path = write(report, c, explain=None if ours else cause, exporter=None if ours else export)
     rate = c.steps / c.seconds if c.seconds else 0
     print(f"check-ollama: {len(c.findings)} rules violated, {c.steps} operations at {rate:.0f}/s; report: {path}")
     return 1 if c.findings else 0

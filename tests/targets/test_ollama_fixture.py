@@ -17,7 +17,7 @@ from targets.machine import Hunt, hunt_once, replay
 from targets.ollama.build import BuildError, build, build_fixture
 from targets.ollama.gotest import export
 from targets.ollama.target import HarnessCrash, HarnessTarget, wire_key
-from targets.report import campaign, write
+from targets.report import Campaign, Finding, campaign, write
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -205,3 +205,17 @@ def test_lazy_layouts_are_for_an_ollama_checkout_only():
            dict(op="begin", keys=[1, 2, 3], spans=[]), dict(op="close")]
     assert export("E1", ops) is None
     assert export("E1", [dict(ops[0], layout="hybrid"), *ops[1:]]).startswith("func TestPrefixTrieE1Found(")
+
+
+def test_a_lazy_finding_reports_its_own_cause_and_no_go_test(tmp_path):
+    from targets.ollama.__main__ import EXPLAIN, cause
+
+    ops = [dict(op="reset", layout="hybrid-lazy", budget=400, interval=8, near_end=4, chunk=8),
+           dict(op="begin", keys=[1, 2, 3], spans=[]), dict(op="close")]
+    for layout, why, go in (("hybrid-lazy", EXPLAIN["E1 on a lazy layout"], False), ("hybrid", EXPLAIN["E1"], True)):
+        c = Campaign("ollama", (layout,), 1.0, findings={"E1": Finding("E1", layout, 1.0, "over budget",
+                                                                         [dict(ops[0], layout=layout), *ops[1:]])})
+        md = write(tmp_path / layout, c, explain=cause, exporter=export).read_text()
+        assert f"check it on other commits):* {why}" in md
+        assert ("func TestPrefixTrieE1Found(" in md) == go and ("No Go test" in md) != go
+    assert cause("S3", "sliding-lazy") == EXPLAIN["S3"] and cause("X9", "hybrid") is None

@@ -76,15 +76,19 @@ func (c *sized) isView(s cache.Snapshot) bool {
 	return ok && fs != nil && c.views[fs] && fs.closeCount == 0
 }
 
-// materialise copies out every view overlapping rows [p, q) before they are
-// overwritten: it then owns its rows, and its hook reports them.
+// own copies a view out: it then owns its rows, and its hook reports them.
+func (c *sized) own(fs *fakeSnapshot) {
+	delete(c.views, fs)
+	fs.materialize(c.h.layers[c.layer].Cost * len(fs.tokens))
+}
+
+// materialise copies out every view overlapping rows [p, q) before they are overwritten.
 func (c *sized) materialise(p, q int) {
 	for fs := range c.views {
 		if fs.closeCount > 0 {
 			delete(c.views, fs)
 		} else if fs.from < q && fs.to > p {
-			delete(c.views, fs)
-			fs.materialize(c.h.layers[c.layer].Cost * len(fs.tokens))
+			c.own(fs)
 		}
 	}
 }
@@ -135,9 +139,7 @@ func (c *sized) Merge(p, ch cache.Snapshot) cache.Snapshot {
 	if !lazy { // an owned merge copies its inputs out first (Ollama's KVCache.Merge)
 		for _, s := range []cache.Snapshot{p, ch} {
 			if c.isView(s) {
-				fs := s.(*fakeSnapshot)
-				delete(c.views, fs)
-				fs.materialize(c.h.layers[c.layer].Cost * len(fs.tokens))
+				c.own(s.(*fakeSnapshot))
 			}
 		}
 	}
