@@ -2,10 +2,11 @@
 
 Workloads (bench/workloads.py) x models (SmolLM2-135M, pure attention; qwen3next, gated delta + attention)
 x budgets (ample, tight), all caches in lockstep in one process (bench/suite.py). Prints the table and
-writes docs/benchmarks.md and a PNG chart.
+writes the full report to reports/benchmarks.md (ignored by git; earlier runs kept below the new one),
+reports/fifty_turns.md and a PNG chart. docs/benchmarks.md holds the curated tables, copied by hand.
 
 Run: ./dev bench [--models smollm2,qwen3next] [--workloads chat,branching,agent,chat_long,...]
-     [--scale full|quick] [--out docs/benchmarks.md] [--png docs/benchmarks.png] [--lazy-steps 20]
+     [--scale full|quick] [--out reports/benchmarks.md] [--png reports/benchmarks.png] [--lazy-steps 20]
      [--fifty-turns 50]
 The floors of issue #16 (bench/floors.py) are printed and recorded as a PASS/FAIL table.
 """
@@ -32,8 +33,8 @@ def parse(argv):
     ap.add_argument("--models", default="smollm2,qwen3next")
     ap.add_argument("--workloads", default="chat,branching,agent,chat_long,branching_long,agent_long,fifty")
     ap.add_argument("--scale", default="full", choices=["full", "quick"])
-    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"), help="markdown report ('' = none)")
-    ap.add_argument("--png", default=str(ROOT / "docs" / "benchmarks.png"), help="chart ('' = none)")
+    ap.add_argument("--out", default=str(ROOT / "reports" / "benchmarks.md"), help="markdown report ('' = none)")
+    ap.add_argument("--png", default=str(ROOT / "reports" / "benchmarks.png"), help="chart ('' = none)")
     ap.add_argument("--json", default=str(ROOT / "reports" / "bench.json"), help="raw figures ('' = none)")
     ap.add_argument("--lazy-steps", type=int, default=16, help="decode steps for bench/lazy_views.py on SmolLM2 (qwen3next: 5x; 0 = skip)")
     ap.add_argument("--fifty-turns", type=int, default=50, help="turns of bench/fifty_turns.py's table (0 = skip)")

@@ -14,7 +14,7 @@ that engine's live caches and snapshots only). Also measured: trie bookkeeping t
 (``Result.bookkeeping_s``, median) on a conversation grown to ~1,000 tokens.
 
 Run: ./dev python -m bench.fifty_turns [--model qwen3next] [--turns 50] [--budget-checkpoints 8]
-     [--out docs/fifty_turns.md]
+     [--out reports/fifty_turns.md]
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--answer", type=int, default=24)
     ap.add_argument("--bookkeeping-models", default="qwen3next,smollm2",
                     help="models for the 1,000-token bookkeeping figure ('' = skip)")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "fifty_turns.md"))
+    ap.add_argument("--out", default=str(ROOT / "reports" / "fifty_turns.md"))
     ap.add_argument("--json", default=str(ROOT / "reports" / "fifty_turns.json"))
     args = ap.parse_args(argv if argv is not None else sys.argv[1:])
     started = dt.datetime.now().astimezone()

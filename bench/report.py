@@ -1,4 +1,4 @@
-"""Format the benchmark figures: a plain-text table for the terminal, markdown for docs/, a PNG chart."""
+"""Format the benchmark figures: a plain-text table for the terminal, markdown for reports/, a PNG chart."""
 
 from __future__ import annotations
 
