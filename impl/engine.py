@@ -307,7 +307,7 @@ class Engine:
                 f"Engine.{what} called on thread {me.name!r}, but this engine's cached state lives on thread "
                 f"{self.thread} (its first request's): with mlx >= 0.32 each thread has its own stream, and "
                 "another thread cannot use or free those arrays safely. Make every call from one thread "
-                "(impl/runner.py hands them to its main thread).")
+                "(serve/runner.py hands them to its main thread).")
 
     def _reserve(self, rows: int) -> None:
         """Each layer cache's reserve hint (caches/base.py): a KV buffer's last growth stops at the

@@ -23,7 +23,7 @@ FOLD_BIT = 1 << 62
 
 class BadRequest(ValueError):
     """A request rejected before anything changed; the message names the problem. The one class
-    for bad input, from the engine's checks to the HTTP layer (impl/httpio.py), which answers
+    for bad input, from the engine's checks to the HTTP layer (serve/httpio.py), which answers
     with ``status`` (a 4xx; 503 while a runner is still loading)."""
 
     def __init__(self, message: str, status: int = 400):

@@ -1,7 +1,7 @@
 """Executable model of the scheduler and the runner client (REFERENCE.md rules F1, F2, R1).
 
 Plain Python: nothing here imports mlx or impl. Reviewers should be able to check every
-function by reading it; impl/scheduler.py and impl/client.py call or mirror these and the tests
+function by reading it; serve/scheduler.py and serve/client.py call or mirror these and the tests
 check that they agree.
 
 Invariants stated here

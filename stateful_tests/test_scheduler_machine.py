@@ -1,4 +1,4 @@
-"""A Hypothesis state machine driving impl.scheduler.Scheduler (in-process fake runners) through
+"""A Hypothesis state machine driving serve.scheduler.Scheduler (in-process fake runners) through
 requests, unloads, runner deaths and memory-figure changes, checking F1/F2/R1 against
 spec/scheduler.py after every step.
 
@@ -15,7 +15,7 @@ import itertools
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from impl.scheduler import ModelTooLarge, Scheduler
+from serve.scheduler import ModelTooLarge, Scheduler
 from spec.scheduler import CLOSED, fit_decision, overcommits
 from tests.support.in_process_runner import InProcessRunner
 

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import spec.scheduler as S
-from impl.client import runner_processes
+from serve.client import runner_processes
 from spec.scheduler import (CLOSED, EVENTS, LOADED, LOADING, NEW, STATES, IllegalTransition,
                             client_transition, fit_available, fit_decision, fits, lru_idle,
                             no_orphan_after_close, overcommits)
@@ -221,7 +221,7 @@ def test_r1_historical_bug_load_outside_the_lock_is_caught():
 def test_bug_fit_check_without_the_system_bound_is_caught(monkeypatch):
     """Historical bug: the fit check ignored system free memory while other models were
     loaded. Reintroduced in the impl's scheduler, the spec oracle flags the overcommit."""
-    import impl.scheduler as IS
+    import serve.scheduler as IS
 
     def run():
         sizes = {"a": 4 * GiB, "b": 4 * GiB}
@@ -278,7 +278,7 @@ def test_bug_close_returning_before_reap_is_caught(monkeypatch):
     without waiting, so the next load overlapped a dying runner."""
     import json
 
-    from impl.client import RunnerClient
+    from serve.client import RunnerClient
 
     good = RunnerClient("fake-a", engine=FAKE_ENGINE, runner_args=["--ignore-signals"], grace=0.2,
                         load_timeout=30)
@@ -321,7 +321,7 @@ def test_bug_load_not_under_the_lock_is_caught(monkeypatch):
     """Historical bug: load started and recorded the process without the client's lock, so
     a close racing it found nothing to stop. Forced interleaving: load checks 'closed', close
     runs to completion, then load spawns - the runner outlives close."""
-    from impl.client import ClientClosed, RunnerClient
+    from serve.client import ClientClosed, RunnerClient
 
     checked, closed_done = threading.Event(), threading.Event()
 
@@ -366,7 +366,7 @@ def test_bug_load_not_under_the_lock_is_caught(monkeypatch):
 
 
 def test_bug_load_allowed_after_close_is_caught(monkeypatch):
-    from impl.client import ClientClosed, RunnerClient
+    from serve.client import ClientClosed, RunnerClient
 
     c = RunnerClient("fake-a", engine=FAKE_ENGINE, load_timeout=30)
     c.close()

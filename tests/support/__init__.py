@@ -4,6 +4,6 @@
   ``--engine tests.support.fake_engine:load`` (``FAKE_ENGINE``) and its own ``--fake-*`` flags.
 - ``in_process_runner``: ``InProcessRunner``, a runner without a process for scheduler tests and
   the scheduler state machine.
-Runner processes find this package because impl.client starts them in the project root with the
+Runner processes find this package because serve.client starts them in the project root with the
 root on PYTHONPATH.
 """

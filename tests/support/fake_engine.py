@@ -152,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def load(runner_args, argv: list) -> tuple[Any, Any, dict]:
-    """The runner's engine factory (impl/runner.py ``--engine MODULE:FACTORY``)."""
+    """The runner's engine factory (serve/runner.py ``--engine MODULE:FACTORY``)."""
     args = _parser().parse_args(argv)
     if args.ignore_signals:
         signal.signal(signal.SIGINT, signal.SIG_IGN)

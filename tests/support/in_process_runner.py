@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
-from impl.client import ClientClosed, RunnerDied
+from serve.client import ClientClosed, RunnerDied
 from spec.scheduler import NEW, client_transition
 
 

@@ -1,5 +1,5 @@
-"""A server over fake-engine runner processes, for the HTTP API tests (tests/impl/test_ollama_api.py,
-tests/impl/test_api_errors.py, tests/impl/test_server.py)."""
+"""A server over fake-engine runner processes, for the HTTP API tests (tests/serve/test_ollama_api.py,
+tests/serve/test_api_errors.py, tests/serve/test_server.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -7,9 +7,9 @@ import http.client
 import json
 import threading
 
-from impl.client import RunnerClient
-from impl.scheduler import Scheduler
-from impl.server import make_server
+from serve.client import RunnerClient
+from serve.scheduler import Scheduler
+from serve.server import make_server
 from tests.support.fake_engine import FAKE_ENGINE
 
 GiB = 1 << 30

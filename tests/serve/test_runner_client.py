@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import impl.client as client_mod
-from impl.client import ClientClosed, RunnerClient, RunnerDied, RunnerError, runner_processes
+import serve.client as client_mod
+from serve.client import ClientClosed, RunnerClient, RunnerDied, RunnerError, runner_processes
 from spec.scheduler import IllegalTransition, client_transition, no_orphan_after_close
 from tests.support.fake_engine import FAKE_ENGINE
 
@@ -176,7 +176,7 @@ def test_close_racing_load_never_leaves_a_runner_alive(monkeypatch_popen, close_
 
 @pytest.fixture(scope="module")
 def monkeypatch_popen():
-    """Delay subprocess.Popen inside impl.client (the window R1 protects)."""
+    """Delay subprocess.Popen inside serve.client (the window R1 protects)."""
     knobs = {"delay": 0.0}
     real = subprocess.Popen
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 import uuid
 
-from impl import ollama_api as api
-from impl.httpio import BadRequest
+from serve import ollama_api as api
+from serve.httpio import BadRequest
 
 NEUTRAL = {"top_p": 1, "frequency_penalty": 0, "presence_penalty": 0, "n": 1}
 REFUSED = ("tools", "functions", "logprobs", "top_logprobs", "logit_bias", "response_format")
@@ -56,7 +56,7 @@ def _usage(result: dict) -> dict:
 
 
 def handle(h) -> None:
-    """Serve one request on the server's handler ``h`` (impl/server.py)."""
+    """Serve one request on the server's handler ``h`` (serve/server.py)."""
     try:
         obj = h._json_body()
         model = h._model_field(obj, known=False)

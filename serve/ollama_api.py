@@ -1,7 +1,7 @@
 """Ollama's REST API, the parts clients use: request checks and response shapes (docs/server.md).
 
 ``check_chat`` / ``check_generate`` turn an Ollama request body into a runner request (the
-runner's dialect, impl/runner.py) or raise ``BadRequest`` (400; 413 for oversize) before anything
+runner's dialect, serve/runner.py) or raise ``BadRequest`` (400; 413 for oversize) before anything
 is touched. ``chunk`` / ``final`` build the NDJSON objects Ollama streams: ``message`` (chat) or
 ``response`` (generate), ``done``, ``done_reason``, ``prompt_eval_count``, ``eval_count`` and the
 four durations in nanoseconds. Our per-request reuse goes in ``x_prefix_cache`` of the last object.
@@ -21,7 +21,7 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import Optional
 
-from impl.httpio import BadRequest, check_boundaries
+from serve.httpio import BadRequest, check_boundaries
 
 SUPPORTED_OPTIONS = ("num_predict", "temperature", "seed", "stop")
 # Load-time and threading options that change no output: accepted and ignored.

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from impl.client import ClientClosed, RunnerClient, RunnerDied, RunnerError
+from serve.client import ClientClosed, RunnerClient, RunnerDied, RunnerError
 from spec.scheduler import fit_decision
 
 
@@ -131,7 +131,7 @@ class Scheduler:
                 return RunnerClient(name, engine=engine, runner_args=runner_args,
                                     budget_bytes=budget_bytes, load_timeout=load_timeout)
         if engine != "real":
-            # An engine from a factory (impl/runner.py --engine MODULE:FACTORY) is not one of
+            # An engine from a factory (serve/runner.py --engine MODULE:FACTORY) is not one of
             # impl.models: any name is a model, and its size is learned at load.
             if known_model is None:
                 known_model = lambda _n: True

@@ -1,6 +1,6 @@
-"""The prefix-cache budget (impl/budget.py): 25% of the memory free when the runner has loaded its
+"""The prefix-cache budget (serve/budget.py): 25% of the memory free when the runner has loaded its
 model, unless --cache-budget or PREFIX_CACHE_BUDGET say otherwise; more than the machine's total
-memory is refused, by the runner and by `python -m impl serve`."""
+memory is refused, by the runner and by `python -m serve`."""
 from __future__ import annotations
 
 import os
@@ -11,8 +11,8 @@ import sys
 import psutil
 import pytest
 
-from impl import budget
-from impl.client import RunnerClient, RunnerLoadError, runner_env
+from serve import budget
+from serve.client import RunnerClient, RunnerLoadError, runner_env
 from tests.support.fake_engine import FAKE_ENGINE
 
 MiB = 1 << 20
@@ -80,9 +80,9 @@ def test_runner_refuses_a_budget_over_total_memory():
 
 
 def test_serve_refuses_a_budget_over_total_memory():
-    r = subprocess.run([sys.executable, "-m", "impl", "serve", "--port", "0", "--cache-budget", "100TiB"],
+    r = subprocess.run([sys.executable, "-m", "serve", "--port", "0", "--cache-budget", "100TiB"],
                        capture_output=True, text=True, env=runner_env(), timeout=60)
     assert r.returncode == 2 and "more than this machine's total memory" in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, "-m", "impl", "serve", "--port", "0", "--cache-budget", "lots"],
+    r = subprocess.run([sys.executable, "-m", "serve", "--port", "0", "--cache-budget", "lots"],
                        capture_output=True, text=True, env=runner_env(), timeout=60)
     assert r.returncode == 2 and "is not a size" in r.stderr, r.stderr

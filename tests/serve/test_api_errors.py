@@ -8,7 +8,7 @@ import json
 import ollama
 import pytest
 
-from impl.client import runner_processes
+from serve.client import runner_processes
 from tests.support.servers import MiB, call, fake_server, state
 
 USER = [{"role": "user", "content": "hi"}]

@@ -1,6 +1,6 @@
 """The local server: Ollama's REST API over loopback HTTP, in front of a Scheduler (docs/server.md).
 
-    python -m impl serve [--host 127.0.0.1] [--port 11435] [--engine real|MODULE:FACTORY]
+    python -m serve [--host 127.0.0.1] [--port 11435] [--engine real|MODULE:FACTORY]
                          [--cache-budget SIZE] [--keep-alive 5m]
 
 Binds only to loopback addresses (anything else is refused). Ollama's endpoints:
@@ -13,9 +13,9 @@ Ours, under /x/ (no clash with Ollama's names):
     GET  /x/trie?model=NAME[&format=json]   the model's trie dump
     POST /x/unload {"model"}                unload now (also: keep_alive 0)
     GET  /x/health
-OpenAI's POST /v1/chat/completions and GET /v1/models: impl/openai_api.py.
+OpenAI's POST /v1/chat/completions and GET /v1/models: serve/openai_api.py.
 Bad input is answered with Ollama's {"error": message} and a 4xx status before the scheduler
-is touched (impl/ollama_api.py).
+is touched (serve/ollama_api.py).
 """
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ from http.server import ThreadingHTTPServer
 from typing import Optional, Sequence
 from urllib.parse import parse_qs, urlparse
 
-from impl import ollama_api as api, openai_api
-from impl.client import RunnerError, RunnerRequestError
-from impl.httpio import MAX_BODY_BYTES, BadRequest, JSONHandler, is_loopback
-from impl.scheduler import Scheduler, SchedulerError
+from serve import ollama_api as api, openai_api
+from serve.client import RunnerError, RunnerRequestError
+from serve.httpio import MAX_BODY_BYTES, BadRequest, JSONHandler, is_loopback
+from serve.scheduler import Scheduler, SchedulerError
 
 DEFAULT_PORT = 11435          # Ollama's 11434 + 1: runs beside a real Ollama; clients: OLLAMA_HOST=127.0.0.1:11435
 VERSION = "0.1.0"
@@ -110,7 +110,7 @@ def status_of(exc: BaseException) -> tuple[int, str]:
 
 
 class ServerHandler(JSONHandler):
-    status_of = staticmethod(status_of)     # the one mapping of exceptions to answers (impl/openai_api.py too)
+    status_of = staticmethod(status_of)     # the one mapping of exceptions to answers (serve/openai_api.py too)
     server_version = "impl-server/0.1"
     protocol_version = "HTTP/1.0"
     app: ServerState
@@ -313,7 +313,7 @@ def make_server(scheduler: Scheduler, host: str = "127.0.0.1", port: int = DEFAU
 def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, engine: str = "real",
           cache_budget: Optional[str] = None, device_bytes: Optional[int] = None,
           max_prompt_tokens: int = 32768, verbose: bool = False, keep_alive: str = "5m") -> int:
-    from impl import budget as budgets
+    from serve import budget as budgets
     kwargs = {}
     if device_bytes is not None:
         kwargs["device_total"] = lambda: device_bytes

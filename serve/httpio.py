@@ -1,4 +1,4 @@
-"""HTTP plumbing shared by the server (impl/server.py) and the runner process (impl/runner.py).
+"""HTTP plumbing shared by the server (serve/server.py) and the runner process (serve/runner.py).
 
 - Both bind loopback addresses only (``is_loopback``).
 - A request body is read only with a Content-Length no larger than the handler's limit (411/413

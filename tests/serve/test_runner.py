@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from impl.client import RunnerClient, RunnerDied, RunnerRequestError, runner_env, runner_processes
+from serve.client import RunnerClient, RunnerDied, RunnerRequestError, runner_env, runner_processes
 from tests.support.fake_engine import FAKE_ENGINE
 
 MiB = 1 << 20
@@ -89,7 +89,7 @@ def test_streaming_delivers_tokens_before_the_end(fake):
 
 
 def test_runner_prints_port_on_stdout_when_run_directly():
-    proc = subprocess.Popen([sys.executable, "-m", "impl.runner", "--model", "fake-x", "--engine", FAKE_ENGINE,
+    proc = subprocess.Popen([sys.executable, "-m", "serve.runner", "--model", "fake-x", "--engine", FAKE_ENGINE,
                              "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=runner_env())
     try:
@@ -103,7 +103,7 @@ def test_runner_prints_port_on_stdout_when_run_directly():
 
 
 def test_runner_refuses_non_loopback_host():
-    r = subprocess.run([sys.executable, "-m", "impl.runner", "--model", "fake-x", "--engine", FAKE_ENGINE,
+    r = subprocess.run([sys.executable, "-m", "serve.runner", "--model", "fake-x", "--engine", FAKE_ENGINE,
                         "--host", "0.0.0.0"], capture_output=True, text=True, env=runner_env(), timeout=30)
     assert r.returncode == 2 and "loopback" in r.stderr
 
@@ -213,7 +213,7 @@ def test_runner_killed_mid_request_is_a_clear_error(fake):
 
 def test_parent_death_takes_the_runner_down():
     """--watch-stdin: a runner whose parent vanished (stdin closed) exits by itself."""
-    proc = subprocess.Popen([sys.executable, "-m", "impl.runner", "--model", "fake-x", "--engine", FAKE_ENGINE,
+    proc = subprocess.Popen([sys.executable, "-m", "serve.runner", "--model", "fake-x", "--engine", FAKE_ENGINE,
                              "--watch-stdin"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, env=runner_env())
     try:

@@ -1,4 +1,4 @@
-"""RunnerClient: owns one runner process (impl/runner.py) and talks to it over loopback HTTP.
+"""RunnerClient: owns one runner process (serve/runner.py) and talks to it over loopback HTTP.
 
 R1 (REFERENCE.md; spec.scheduler.client_transition):
 - ``load`` starts the process and records it under the client's lock, and refuses once
@@ -141,7 +141,7 @@ class RunnerClient:
 
     # ----------------------------------------------------------------- life cycle
     def command(self) -> list:
-        cmd = [self.python, "-m", "impl.runner", "--model", self.model, "--port", "0",
+        cmd = [self.python, "-m", "serve.runner", "--model", self.model, "--port", "0",
                "--engine", self.engine, "--watch-stdin"]
         if self.budget_bytes is not None:
             cmd += ["--budget-bytes", str(self.budget_bytes)]
@@ -322,7 +322,7 @@ class RunnerClient:
         {"text"} line with text held back for stop strings); returns the final {"done", "tokens",
         "text", "stats", "done_reason", ...}. ``cancel()`` returning True hangs up, which the
         runner sees as the client going away and stops the engine. ``options`` (temperature,
-        seed, stop) and ``boundaries`` go to the runner as they are (impl/runner.py)."""
+        seed, stop) and ``boundaries`` go to the runner as they are (serve/runner.py)."""
         req = {"prompt": prompt, "max_tokens": max_tokens, "media": list(media), "stream": True}
         if options:
             req["options"] = options
@@ -392,7 +392,7 @@ def runner_processes() -> list:
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "impl.runner" in " ".join(p.cmdline()):
+            if p.status() != psutil.STATUS_ZOMBIE and "serve.runner" in " ".join(p.cmdline()):
                 out.append(p)
         except psutil.NoSuchProcess:
             pass

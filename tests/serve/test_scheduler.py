@@ -15,8 +15,8 @@ import time
 import psutil
 import pytest
 
-from impl.client import RunnerClient, RunnerDied, RunnerError, runner_processes
-from impl.scheduler import ModelTooLarge, NotLoaded, Scheduler, SchedulerBusy, UnknownModel
+from serve.client import RunnerClient, RunnerDied, RunnerError, runner_processes
+from serve.scheduler import ModelTooLarge, NotLoaded, Scheduler, SchedulerBusy, UnknownModel
 from spec.scheduler import fit_available, fit_decision, overcommits
 from tests.support.fake_engine import FAKE_ENGINE
 from tests.support.processes import parent, status

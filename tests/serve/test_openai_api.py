@@ -8,7 +8,7 @@ import faulthandler
 import openai
 import pytest
 
-from impl.client import runner_processes
+from serve.client import runner_processes
 from tests.support.servers import MiB, fake_server, state
 
 

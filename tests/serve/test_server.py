@@ -12,10 +12,10 @@ import sys
 import psutil
 import pytest
 
-from impl.chat import chat
-from impl.client import runner_env, runner_processes
-from impl.scheduler import Scheduler
-from impl.server import make_server
+from serve.chat import chat
+from serve.client import runner_env, runner_processes
+from serve.scheduler import Scheduler
+from serve.server import make_server
 from tests.support.fake_engine import FAKE_ENGINE
 from tests.support.processes import status as process_status
 from tests.support.servers import call, fake_server, lines, state
@@ -123,7 +123,7 @@ def test_chat_prints_each_turn_with_reuse_and_memory_at_exit(server):
 
 
 def test_spinner_runs_until_the_first_text():
-    from impl.chat import Spinner
+    from serve.chat import Spinner
     out = io.StringIO()
     s = Spinner(out, enabled=True)
     s.stop()
@@ -132,10 +132,10 @@ def test_spinner_runs_until_the_first_text():
 
 def test_cli_serve_refuses_other_hosts_and_shuts_down_cleanly():
     env = runner_env()
-    r = subprocess.run([sys.executable, "-m", "impl", "serve", "--host", "0.0.0.0", "--port", "0"],
+    r = subprocess.run([sys.executable, "-m", "serve", "--host", "0.0.0.0", "--port", "0"],
                        capture_output=True, text=True, env=env, timeout=30)
     assert r.returncode == 2 and "loopback" in r.stderr
-    p = subprocess.Popen([sys.executable, "-m", "impl", "serve", "--engine", FAKE_ENGINE, "--port", "0"],
+    p = subprocess.Popen([sys.executable, "-m", "serve", "--engine", FAKE_ENGINE, "--port", "0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     try:
         line = p.stdout.readline()

@@ -1,4 +1,4 @@
-"""A terminal chat against the local server: ``python -m impl chat MODEL``.
+"""A terminal chat against the local server: ``python -m serve chat MODEL``.
 
 Each turn sends the whole conversation to Ollama's ``POST /api/chat`` (streamed), shows a spinner
 while the prompt is evaluated (on a terminal), prints the reply as it streams, then the turn's
@@ -16,8 +16,8 @@ import sys
 import threading
 from typing import Optional, TextIO
 
-from impl.budget import human
-from impl.server import DEFAULT_PORT
+from serve.budget import human
+from serve.server import DEFAULT_PORT
 
 
 class ChatError(Exception):
@@ -61,7 +61,7 @@ def _request(host: str, port: int, method: str, path: str, body=None, timeout: f
     except OSError as e:
         conn.close()
         raise ChatError(f"cannot reach the server at {host}:{port} ({e}); "
-                        f"start one with: python -m impl serve --port {port}")
+                        f"start one with: python -m serve --port {port}")
     if resp.status != 200:
         data = resp.read()
         conn.close()

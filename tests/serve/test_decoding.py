@@ -1,10 +1,10 @@
-"""impl/decoding.py: the seeded sampler and stop strings, alone."""
+"""serve/decoding.py: the seeded sampler and stop strings, alone."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from impl.decoding import StopMatcher, make_sampler
+from serve.decoding import StopMatcher, make_sampler
 
 
 def test_temperature_zero_or_absent_is_greedy():

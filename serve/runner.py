@@ -1,6 +1,6 @@
 """A runner process: one model, one Engine, served over loopback HTTP (REFERENCE.md F1, R1, A3).
 
-    python -m impl.runner --model NAME [--port 0] [--engine real|MODULE:FACTORY]
+    python -m serve.runner --model NAME [--port 0] [--engine real|MODULE:FACTORY]
                              [--cache-budget SIZE]
 
 Start-up protocol on stdout, one JSON object per line:
@@ -20,10 +20,10 @@ Endpoints (JSON; errors are {"error": message} with a 4xx/5xx status):
                      {"done": true, "tokens", "text", "stats", "done_reason": stop|length|cancel,
                      "prompt_tokens", "prompt_eval_s", "eval_s", "seconds"}; a client that goes
                      away cancels the generation. A string prompt is tokenised here, as is;
-                     temperature > 0 samples with a seeded sampler (impl/decoding.py);
+                     temperature > 0 samples with a seeded sampler (serve/decoding.py);
                      ``boundaries`` go to an engine whose generate() takes them, else 400.
 
-The prefix-cache budget is resolved once the model is loaded (impl/budget.py): --cache-budget,
+The prefix-cache budget is resolved once the model is loaded (serve/budget.py): --cache-budget,
 else $PREFIX_CACHE_BUDGET, else 25% of the memory then free; /memory reports it with its rule.
 
 A3: after the weights are loaded and evaluated the allocator's free pool is released
@@ -36,17 +36,12 @@ lazy arrays made on one thread fail on another, and on the CUDA backend arrays m
 has since ended abort the process when they are freed (docs/platform.md, 2026-12-04). Cached state
 outlives the request that made it, so it must be made on a thread that outlives every request.
 
-``--engine real`` (the default) loads ``impl.models.load(model)`` into ``impl.engine.Engine``.
-``--engine MODULE:FACTORY`` imports MODULE and calls ``FACTORY(args, argv)`` instead, where ``args``
-are the runner's parsed arguments and ``argv`` the arguments the runner does not know; it returns
-``(engine, tokenizer, info)`` like ``load_engine``. Tests use it to run a fake engine
-(tests/support/fake_engine.py) in real runner processes; the real engine takes no extra arguments.
+``--engine`` picks the engine: the real one or a test double (serve/engines.py).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import inspect
 import json
 import os
@@ -58,12 +53,12 @@ import time
 import traceback
 from concurrent.futures import Future
 from http.server import ThreadingHTTPServer
-from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from impl import budget as budgets
-from impl.decoding import StopMatcher, TextStream, make_sampler
-from impl.httpio import MAX_BODY_BYTES, BadRequest, JSONHandler, is_loopback, validate_generate
+from serve import budget as budgets
+from serve.decoding import StopMatcher, TextStream, make_sampler
+from serve.engines import engine_arg, load_engine, mlx_figures
+from serve.httpio import MAX_BODY_BYTES, BadRequest, JSONHandler, is_loopback, validate_generate
 
 __all__ = ["TextStream", "load_engine", "main"]
 
@@ -71,41 +66,6 @@ __all__ = ["TextStream", "load_engine", "main"]
 def _emit(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
-
-
-# --------------------------------------------------------------------------- loading
-
-def _mlx_figures() -> dict:
-    """MLX's allocator counters, only if this runner uses MLX at all (a test engine may not)."""
-    if "mlx.core" not in sys.modules:
-        return {}
-    from impl.memory import mlx_memory
-    return {f"mlx_{k}": int(v) for k, v in mlx_memory().items()}
-
-
-def engine_factory(spec: str):
-    """The callable named by ``--engine MODULE:FACTORY``."""
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def load_engine(args, argv=()) -> tuple[Any, Any, dict]:
-    """Load the model and build its engine. Returns (engine, tokenizer, info)."""
-    if args.engine != "real":
-        return engine_factory(args.engine)(args, list(argv))
-
-    import mlx.core as mx
-    from impl import models
-    from impl.engine import Engine
-    from impl.memory import release_pool
-
-    info: dict = {}
-    loaded = models.load(args.model)
-    mx.eval(loaded.model.parameters())
-    info["weight_bytes"] = int(getattr(loaded, "weight_bytes", 0))
-    engine = Engine(loaded)          # its budget is set by main() once resolved (impl/budget.py)
-    info["pool_released_bytes"] = release_pool()
-    return engine, loaded.tokenizer, info
 
 
 def _jsonable(obj):
@@ -171,7 +131,7 @@ class RunnerState:
             out["budget_rule"] = self.info["budget_rule"]
         if "weights" not in out and "weight_bytes" in self.info:
             out["weights"] = self.info["weight_bytes"]
-        out.update(_mlx_figures())
+        out.update(mlx_figures())
         out["pool_released_bytes"] = self.info.get("pool_released_bytes", 0)
         try:
             import psutil
@@ -344,21 +304,15 @@ def _watch_stdin() -> None:
     os._exit(0)
 
 
-def _engine_arg(value: str) -> str:
-    if value != "real" and not all(value.partition(":")[::2]):
-        raise argparse.ArgumentTypeError(f"{value!r}: expected 'real' or MODULE:FACTORY")
-    return value
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m impl.runner", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m serve.runner", description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
-    p.add_argument("--engine", default="real", type=_engine_arg,
+    p.add_argument("--engine", default="real", type=engine_arg,
                    help="real (impl.models + impl.engine), or MODULE:FACTORY (see above)")
     p.add_argument("--cache-budget", "--budget-bytes", dest="cache_budget", default=None,
-                   help=f"prefix-cache budget (bytes or 512MiB, 2GB...); default: {budgets.DEFAULT_FRACTION:.0%} "
+                   help=f"prefix-cache budget (bytes or 512MiB, 2GB...); default: {budgets.DEFAULT_FRACTION * 100:.0f}%% "
                         f"of the memory free once the weights are loaded, or ${budgets.ENV}")
     p.add_argument("--max-prompt-tokens", type=int, default=32768)
     p.add_argument("--max-new-tokens", type=int, default=4096)
