@@ -32,42 +32,14 @@ from targets.ollama.build import BuildError, build, build_fixture
 from targets.ollama.gotest import export
 from targets.ollama.target import LAYOUTS, LAZY_LAYOUTS, HarnessCrash, HarnessTarget, TargetPanic
 
-# What each rule's violation means in Ollama's code at fb30760 (before the seed's
-# fixes), by function; the report quotes it next to each finding.
-EXPLAIN = {
-    "S3": "seed paragraph 1: pageOut returns early when node.hasSnapshots(); a close landing on a head "
-          "split off an existing edge (advancePath -> splitNode) already has KV halves, so its "
-          "recurrent/windowed state is never captured. (Before 30e289180, close did not page out at all: "
-          "the frontier it recorded had no snapshots.)",
-    "M2": "seed paragraph 2: schedulePrefillSnapshots keeps offsets strictly inside a non-causal media item.",
-    "M3": "seed paragraph 2: begin/switchToPath resume at the match even when it ends inside a non-causal item.",
-    "P1": "seed paragraph 3: switchToPath trims activePath to nodes with endOffset <= the live offset, "
-          "so a resume inside an edge drops that node from the path instead of splitting it.",
-    "T3": "seed paragraph 3 (same cause as P1): after switchToPath trims the path, the frontier ends "
-          "below the live offset.",
-    "S1": "seed paragraph 3: after a resume inside an edge, attachPrefillSnapshots -> advancePath rebuilds "
-          "the node from the path's last node while the capture starts at the resume offset; "
-          "attachCapturedSnapshots keeps the short KV snapshot (Split returns it whole), so its range "
-          "is not the edge. (Before 81f9a394e, advancePath also extended a node in place under the "
-          "prefill's captures, so its snapshots covered only the tokens the prefill evaluated.)",
-    "G1": "seed paragraph 3: mergeWithChild -> Cache.Merge (the fake's and kvcache's) concatenate "
-          "without checking that the first snapshot ends where the second begins.",
-    "E1": "seed paragraph 4: enforceEvictionPolicy skips every node of activeSet (the whole active path), "
-          "so a conversation's own checkpoints stay over budget.",
-    "E2": "seed paragraph 4: enforceEvictionPolicy's protection differs from root/frontier/branch points.",
-    "C2": "a consequence of the P1/S3 bugs: the restore point the trie should serve is not used.",
-    # found with lazy KV views only (the "-lazy" layouts); cause() prefers these there
-    "E1 on a lazy layout": "close runs compactPath after pageOut's enforceEvictionPolicy. Merging an owned parent "
-          "KV snapshot with a lazy child copies the child out (KVCache.Merge), and its hook grows pagedOutBytes "
-          "with no enforcement after it, so the trie rests over budget. The owned parent is a snapshot that "
-          "page-in restored and left owned (it never becomes a view of the live rows again). On fb30760 the "
-          "seed's activeSet protection (E1 above) applies too.",
-}
-
-
-def cause(rule: str, layout: str) -> str | None:
-    """EXPLAIN's entry for a rule broken on a layout (on a lazy layout, its own entry first)."""
-    return layout.endswith("-lazy") and EXPLAIN.get(f"{rule} on a lazy layout") or EXPLAIN.get(rule)
+def causes(target, c) -> dict:
+    """rule -> its cause in this campaign's program (targets/ollama/cause.py: read from the program's own run,
+    "unexplained: ..." where no mechanism we know shows its evidence)."""
+    from targets.ollama.cause import diagnose
+    try:
+        return {rule: diagnose(target, rule, f.ops) for rule, f in c.findings.items()}
+    finally:
+        target.shutdown()
 
 
 def main(argv=None) -> int:
@@ -134,7 +106,9 @@ def main(argv=None) -> int:
         return 4
     finally:
         target.shutdown()
-    path = write(report, c, explain=None if ours else cause, exporter=None if ours else export)
+    found = {} if ours else causes(target, c)
+    path = write(report, c, explain=None if ours else (lambda rule, layout: found.get(rule)),
+                 exporter=None if ours else export)
     rate = c.steps / c.seconds if c.seconds else 0
     print(f"check-ollama: {len(c.findings)} rules violated, {c.steps} operations at {rate:.0f}/s; report: {path}")
     return 1 if c.findings else 0

@@ -80,3 +80,26 @@ def test_lazy_layout_views_materialise_and_expose_the_budget_break_after_close(t
         assert "E1" not in eager, eager
     finally:
         t.shutdown()
+
+
+# One request at budget 0 (issue 50): every node it makes is on the active path, so fb30760's activeSet
+# protection keeps them all; no merge happens. The cause must say so, not blame compactPath.
+ONE_REQUEST_E1 = [dict(op="reset", budget=0, interval=8, near_end=4, chunk=8, layout="hybrid-lazy"),
+                  *_request([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])]
+
+
+def test_cause_is_read_from_the_program_run(tmp_path):
+    from targets.ollama.cause import diagnose
+
+    t = HarnessTarget(build(SRC, tmp_path))
+    try:
+        lazy = diagnose(t, "E1", LAZY_E1_PROGRAM)
+        assert "compactPath merged" in lazy and "Size()" in lazy and "activeSet" not in lazy.split(".")[0], lazy
+        one = diagnose(t, "E1", ONE_REQUEST_E1)
+        if os.environ.get("OLLAMA_SRC_FIXED") == "1":
+            assert one.startswith("unexplained: replayed for its cause, the program does not break E1"), one
+        else:
+            assert "activeSet" in one and "compactPath" not in one, one
+        assert "pageOut returns early" in diagnose(t, "S3", S3_PROGRAM) or os.environ.get("OLLAMA_SRC_FIXED") == "1"
+    finally:
+        t.shutdown()
