@@ -33,10 +33,10 @@ import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models.cache import create_attention_mask
 
-from .base import CacheError, LayerCache, MergeError
+from .base import CacheError, LayerCache
 from .captures import CaptureSchedule
 from .evaluation import after_block, evaluate
-from .kv_snapshot import KVSnapshot, _copy_rows, _geometry
+from .kv_snapshot import KVSnapshot, _copy_rows, _geometry, merge_kv, split_kv
 from .masks import span_mask, spans_touching
 
 
@@ -351,23 +351,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         if a is None or b is None:
             self._release_quietly(a, b)
             return None
-        if a.end != b.start:
-            raise MergeError(f"G1: cannot merge non-adjacent KV ranges [{a.start},{a.end}) and [{b.start},{b.end})")
-        if a._cache is not None and a._cache is b._cache:
-            merged = a._cache._view(a.start, b.end)
-        else:
-            ka, va = a._rows()
-            kb, vb = b._rows()
-            k = mx.concatenate([ka, kb], axis=2)
-            v = mx.concatenate([va, vb], axis=2)
-            if a._cache is not None or b._cache is not None:
-                evaluate(k, v)  # rows read from a live buffer: copied before it is written again
-            # two owned inputs: left to MLX's lazy evaluation (computed when first read, never when the
-            # merged snapshot is released first; the inputs' arrays stay referenced until then)
-            merged = KVSnapshot(a.start, b.end, a.layer, keys=k, values=v)
-        a.release()
-        b.release()
-        return merged
+        return merge_kv(a, b)
 
     def split(self, snap: Optional[KVSnapshot], at: int):
         if snap is None:
@@ -375,19 +359,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self._check_snapshot(snap)
         if not isinstance(at, int) or not snap.start < at < snap.end:
             raise CacheError(f"split point {at!r} is not strictly inside [{snap.start},{snap.end})")
-        if snap._cache is not None:
-            c = snap._cache
-            head, tail = c._view(snap.start, at), c._view(at, snap.end)
-        else:
-            i = at - snap.start
-            n = snap.end - snap.start
-            hk, hv = _copy_rows(snap.keys, 0, i), _copy_rows(snap.values, 0, i)
-            tk, tv = _copy_rows(snap.keys, i, n), _copy_rows(snap.values, i, n)
-            # owned input: evaluated lazily, as for a merge of owned snapshots
-            head = KVSnapshot(snap.start, at, snap.layer, keys=hk, values=hv)
-            tail = KVSnapshot(at, snap.end, snap.layer, keys=tk, values=tv)
-        snap.release()
-        return head, tail
+        return split_kv(snap, at)
 
     def free(self) -> None:
         self._materialise_all()

@@ -8,15 +8,12 @@ back to being a view of it (kv.py, ``_adopt``), so no row is held twice.
 
 from __future__ import annotations
 
-from typing import Optional, TYPE_CHECKING
+from typing import Optional
 
 import mlx.core as mx
 
-from .base import Snapshot
+from .base import LayerCache, MergeError, Snapshot
 from .evaluation import evaluate
-
-if TYPE_CHECKING:
-    from .kv import SnapshotKVCache
 
 
 def _copy_rows(x: mx.array, a: int, b: int) -> mx.array:
@@ -29,7 +26,7 @@ class KVSnapshot(Snapshot):
 
     def __init__(self, start, end, layer=None, cache=None, keys=None, values=None):
         super().__init__(start, end, layer)
-        self._cache: Optional["SnapshotKVCache"] = cache  # issuer while lazy; None once owned
+        self._cache: Optional[LayerCache] = cache  # issuer while lazy; None once owned
         self.keys = keys
         self.values = values
         self._geom = None                         # (owned) _geometry, once computed
@@ -87,3 +84,45 @@ def _geometry(k, v):
     if k is None:
         return None
     return (k.shape[0], k.shape[1], k.shape[3], v.shape[1], v.shape[3], k.dtype, v.dtype)
+
+
+# --- G1: merge and split (kv.py's merge_snapshots and split check their inputs first) ------------
+
+def merge_kv(a: KVSnapshot, b: KVSnapshot) -> KVSnapshot:
+    """Adjacent ranges only (MergeError otherwise): two lazy views of one cache merge by arithmetic
+    (still lazy); anything else becomes an owned concatenation. The inputs are released."""
+    if a.end != b.start:
+        raise MergeError(f"G1: cannot merge non-adjacent KV ranges [{a.start},{a.end}) and [{b.start},{b.end})")
+    if a._cache is not None and a._cache is b._cache:
+        merged = a._cache._view(a.start, b.end)
+    else:
+        ka, va = a._rows()
+        kb, vb = b._rows()
+        k = mx.concatenate([ka, kb], axis=2)
+        v = mx.concatenate([va, vb], axis=2)
+        if a._cache is not None or b._cache is not None:
+            evaluate(k, v)  # rows read from a live buffer: copied before it is written again
+        # two owned inputs: left to MLX's lazy evaluation (computed when first read, never when the
+        # merged snapshot is released first; the inputs' arrays stay referenced until then)
+        merged = KVSnapshot(a.start, b.end, a.layer, keys=k, values=v)
+    a.release()
+    b.release()
+    return merged
+
+
+def split_kv(snap: KVSnapshot, at: int) -> tuple[KVSnapshot, KVSnapshot]:
+    """[start, at) and [at, end): views of the issuer for a lazy view, owned copies otherwise; the input
+    is released."""
+    if snap._cache is not None:
+        c = snap._cache
+        head, tail = c._view(snap.start, at), c._view(at, snap.end)
+    else:
+        i = at - snap.start
+        n = snap.end - snap.start
+        hk, hv = _copy_rows(snap.keys, 0, i), _copy_rows(snap.values, 0, i)
+        tk, tv = _copy_rows(snap.keys, i, n), _copy_rows(snap.values, i, n)
+        # owned input: evaluated lazily, as for a merge of owned snapshots
+        head = KVSnapshot(snap.start, at, snap.layer, keys=hk, values=hv)
+        tail = KVSnapshot(at, snap.end, snap.layer, keys=tk, values=tv)
+    snap.release()
+    return head, tail
