@@ -26,6 +26,12 @@ Invariants:
   computes are what the C1 oracle compares with a cold prefill.
 - A request whose `insert_segments` raises is recorded as a crash: in the server the generation thread
   dies there (ResponseGenerator._run_generate), so the driver serves nothing after it.
+- The schedule of forwards is recorded (REFERENCE C1, exact): the BatchGenerator is given a Recorder
+  that calls the model unchanged and logs each forward's input tokens. Only one request is in the
+  batch at a time, so every forward between a fetch and the request's finish is that request's. Each
+  stored entry keeps the schedule that built it: the served entry's schedule (with the fetch's trim
+  of it, when it served a longer entry), then the request's own forwards up to the insert. C1
+  replays that schedule on fresh stock caches (rules.replay).
 """
 from __future__ import annotations
 
@@ -75,6 +81,22 @@ class Entry:
     offsets: tuple
 
 
+class Recorder:
+    """The model, called unchanged; logs the input tokens of every forward (one sequence per batch)."""
+
+    def __init__(self, model):
+        self.__dict__["_model"] = model
+        self.__dict__["log"] = []
+
+    def __call__(self, inputs, *args, **kwargs):
+        out = self._model(inputs, *args, **kwargs)
+        self.log.append(tuple(inputs.tolist()[0]))
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
 @dataclass
 class Result:
     prompt: tuple
@@ -84,6 +106,9 @@ class Result:
     logprobs: list = field(default_factory=list)   # the server's logprobs, one per generated token
     fetched: list | None = None      # a copy of the fetched caches (for the direct C1 check)
     crash: str | None = None
+    bases: list = field(default_factory=list)   # candidate schedules of the fetched state (one per served entry)
+    base_index: int = 0              # the candidate C1 matched (set by the checker)
+    own: list = field(default_factory=list)     # the request's own forwards (input tokens), in order
     _pending: tuple | None = None    # (cache, segments, types) between fetch_only and finish
 
 
@@ -106,9 +131,12 @@ class ServerDriver:
         else:
             self.lru = lru_class(prompt_cache_size, prompt_cache_bytes)
         # server defaults: --decode-concurrency 32, --prompt-concurrency 8, --prefill-step-size 2048
-        self.bg = BatchGenerator(self.model, completion_batch_size=32, prefill_batch_size=8,
+        self.recorder = Recorder(self.model)
+        self.bg = BatchGenerator(self.recorder, completion_batch_size=32, prefill_batch_size=8,
                                  prefill_step_size=2048)
+        self.schedules: dict = {}        # key -> (Result that inserted it, forwards of it up to the insert)
         self.observer = observer
+        self._current = None             # the Result being served
         self.calls: list = []            # ("fetch", prompt) | ("insert", key, type) | ("trim_to", n)
         self.dead = False
 
@@ -130,6 +158,12 @@ class ServerDriver:
                 else:
                     stack.append((keys + (tok,), child))
         return out
+
+    def schedule(self, key) -> list:
+        """The forwards (and trims) that built the stored entry `key`: [("fwd", tokens) | ("trim", n)]."""
+        res, n = self.schedules[tuple(key)]
+        own = res.own if res.own is not self.recorder.log else list(self.recorder.log)
+        return res.bases[res.base_index] + [("fwd", t) for t in own[:n]]
 
     def _served(self, prompt: list, count: int, before: dict) -> tuple:
         """The entries the fetch may have served `count` tokens from, judged from the outcome alone (so
@@ -164,6 +198,8 @@ class ServerDriver:
         before = self.entries()
         trimmable = can_trim_prompt_cache(cache)
         self.lru.insert_cache(MODEL_KEY, tokens, cache, cache_type=cache_type)
+        if self._current is not None:
+            self.schedules[tuple(tokens)] = (self._current, len(self.recorder.log))
         if self.observer:
             self.observer.after_insert(self, before, tuple(tokens), cache_type, trimmable)
 
@@ -191,6 +227,8 @@ class ServerDriver:
         count = len(prompt) - len(rest)
         res = Result(tuple(prompt), count, self._served(prompt, count, before), branch,
                      fetched=None if cache is None else copy.deepcopy(cache))
+        res.bases = [self.schedule(k) + ([("trim", len(k) - count)] if len(k) > count else [])
+                     for k in res.served] or [[]]
         if self.observer:
             self.observer.after_fetch(self, res)
         res._pending = (cache, segments, types)
@@ -203,6 +241,9 @@ class ServerDriver:
         res._pending = None
         prompt, count = list(res.prompt), res.count
         cut_cached(segments, types, count)
+        self._current = res
+        self.recorder.log.clear()
+        res.own = self.recorder.log
         forced = iter(list(gen))
         sampler = lambda logprobs: mx.array([next(forced, 0)], dtype=mx.uint32)
         try:
@@ -211,6 +252,7 @@ class ServerDriver:
         except Exception as e:            # the server's generation thread dies here
             res.crash = f"{type(e).__name__}: {e}"
             self.dead = True
+            self._current = None
             if self.observer:
                 self.observer.after_request(self, res, gen)
             return res
@@ -231,6 +273,9 @@ class ServerDriver:
                 if r.finish_reason is not None:
                     self._insert(r.all_tokens[:], r.prompt_cache, "assistant")
                     done = True
+        res.own = list(self.recorder.log)
+        self.recorder.log.clear()
+        self._current = None
         if self.observer:
             self.observer.after_request(self, res, gen)
         return res
