@@ -19,6 +19,7 @@ Invariants kept here (REFERENCE ids; checked after every operation when
       a one-child node merged into its child.
   A1  no KV row is held twice: owned KV on the active path becomes a view of the live rows.
 The A1 and P2 scans of the active path skip the nodes they settled before (impl/settled.py).
+Where captures go and chunks end: impl/plan.py; which node eviction takes: impl/eviction.py.
 """
 from __future__ import annotations
 
@@ -27,36 +28,14 @@ from bisect import bisect_left, bisect_right
 
 from impl import dump, invariants
 from impl.caches.evaluation import deferred_eval
+from impl.eviction import Eviction
+from impl.plan import _chunk_end, _inside, schedule
 from impl.request import Request, Stats
 from impl.settled import Settled
 from impl.trie import Node, Trie, common_prefix, match
 
 
-def _inside(x: int, spans) -> tuple | None:
-    if not spans:
-        return None
-    return next(((a, e) for a, e in spans if a < x < e), None)
-
-
-def _chunk_end(q: int, spans) -> int:
-    """M1: a chunk that would end strictly inside a non-causal span ends at the span's end."""
-    span = _inside(q, spans)
-    return span[1] if span else q
-
-
-def schedule(n: int, resume: int, matched: int, spans, interval: int, near_end: int, boundaries=()) -> list:
-    """Capture offsets (offset, user) for a prompt of n keys; see spec.plan.schedule."""
-    wanted = {matched: False}                              # the branch point (dropped below if resume == matched)
-    offsets = list(range(interval, n, interval)) if interval > 0 else []
-    offsets.append(n - near_end)                           # dropped below unless inside (resume, n - 1]
-    offsets += boundaries                                  # message boundaries (section 2 step 2)
-    for c in offsets:
-        span = _inside(c, spans)
-        wanted[span[1] if span else c] = True              # M2
-    return sorted((c, u) for c, u in wanted.items() if resume < c <= n - 1)
-
-
-class PrefixCache:
+class PrefixCache(Eviction):
     def __init__(self, caches, *, budget: int = 1 << 62, interval: int = 0, near_end: int = 4, check: bool = False):
         if budget < 0:
             raise ValueError(f"budget {budget} < 0")
@@ -345,7 +324,7 @@ class PrefixCache:
         self._checked("close", before)
         return req.stats
 
-    # ------------------------------------------------ compaction, eviction
+    # ------------------------------------------------ compaction, budget
     def _adopt_path(self) -> None:
         """No row held twice: owned KV on the active path below the offset becomes a view of the live
         rows, which hold the path's tokens (spec adopt_path)."""
@@ -367,51 +346,6 @@ class PrefixCache:
             else:
                 i += 1
         self.settled.compacted = self.settled.after_scan(self.path)
-
-    def evictable(self, n: Node) -> bool:
-        """E2: all but the root, the frontier and branch points."""
-        return n is not self.root and n is not self.frontier and len(n.children) < 2
-
-    def evict_order(self, n: Node) -> tuple:
-        """E3: LRU first; ties deeper, then larger (_victim breaks the rest by key path)."""
-        return (n.last_used, -n.end, -n.bytes())
-
-    def _victim(self) -> Node | None:
-        """E3's first evictable node: one pass over the trie (in no particular order: ties are broken
-        by key path, which is unique)."""
-        best, tied, stack = None, [], [self.root]
-        while stack:
-            n = stack.pop()
-            stack.extend(n.children.values())
-            if self.evictable(n):
-                k = self.evict_order(n)
-                if best is None or k < best:
-                    best, tied = k, [n]
-                elif k == best:
-                    tied.append(n)
-        if len(tied) < 2:
-            return tied[0] if tied else None
-        return min(tied, key=Node.path_keys)
-
-    def _evict(self) -> None:
-        while self.trie.counter > self.budget:
-            v = self._victim()
-            if v is None:
-                return
-            if self.check:
-                invariants.assert_evictable(self, v)
-            self.evictions += 1
-            self.settled.evicting(self.path, v)
-            if self.check or self.record_victims:
-                self.victims.append(v.path_keys())
-            if v.children:                                   # E4
-                child = next(iter(v.children.values()))
-                if child in self.path:
-                    self.path.remove(child)
-                self.trie.merge_with_child(v)
-            else:
-                self.trie.remove_leaf(v)
-                self._compact()                              # P2: its parent may be left with one child
 
     def set_budget(self, budget: int) -> None:
         if budget < 0:

@@ -32,13 +32,18 @@ from impl.trie import Trie as ImplTrie
 
 @contextlib.contextmanager
 def patched(owner, name: str, value):
-    """Set owner.name = value for the duration; restore it afterwards."""
-    old = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    """Set owner.name = value for the duration; restore it afterwards (a class's inherited
+    attribute, e.g. PrefixCache.evictable from impl/eviction.py, is deleted again)."""
+    inherited = isinstance(owner, type) and name not in owner.__dict__
+    old = getattr(owner, name) if inherited or not isinstance(owner, type) else owner.__dict__[name]
     setattr(owner, name, value)
     try:
         yield
     finally:
-        setattr(owner, name, old)
+        if inherited:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, old)
 
 
 def mutated(func, old: str, new: str, **extra):

@@ -5,10 +5,11 @@ explained.
     ./dev mutation [--max-children N] [--fresh] [--report DIR] [mutant-glob ...]
 
 What runs: mutmut (configured in pyproject.toml, [tool.mutmut]) mutates
-impl/trie.py, impl/prefix_cache.py and impl/settled.py and, for each mutant, runs the tests
+impl/trie.py, impl/prefix_cache.py (with impl/plan.py and impl/eviction.py)
+and impl/settled.py and, for each mutant, runs the tests
 that reach the mutated function among `stateful_tests/test_conformance.py`
 (the seven conformance machines and the kept regressions) and
-`stateful_tests/test_directed.py` (what requests cannot reach) under the
+`stateful_tests/test_directed*.py` (what requests cannot reach) under the
 Hypothesis profile "mutation": the ci profile's examples and steps,
 derandomised, without shrinking (a kill needs one failure, not a short one).
 Workers come from a fork server, because forking a process that has already
@@ -170,7 +171,7 @@ def report(v: dict, status: dict, changes: dict, diffs: dict, seconds: dict) -> 
     by_function = defaultdict(list)
     for n in status:
         by_function[function_of(n)].append(n)
-    lines = ["# Mutation testing: impl/trie.py, impl/prefix_cache.py and impl/settled.py", "",
+    lines = ["# Mutation testing: impl/trie.py, impl/prefix_cache.py, impl/plan.py, impl/eviction.py and impl/settled.py", "",
              f"mutants: {v['total']}; detected (killed or timed out): {v['detected']}; "
              f"score **{v['score']:.1%}**; explained as equivalent: {len(v['equivalent'])} "
              f"(score without them **{v['score_without_equivalent']:.1%}**); "
