@@ -55,7 +55,12 @@ def main(argv=None) -> int:
                     help="no Go: run the same machine on our impl or spec (a check of the machine itself)")
     ap.add_argument("--replay", nargs="+", metavar="PROGRAM",
                     help="replay saved programs (a report's programs/*.json) instead of a campaign")
+    ap.add_argument("--go-test", nargs="+", metavar="FILE",
+                    help="run exported Go tests (a report's programs/*_test.go) as pasted into this checkout's "
+                         "x/mlxrunner, its prefix cache unchanged: one line each, PASS or FAIL with the rule's message")
     a = ap.parse_args(argv)
+    if a.go_test:
+        return run_go_tests(a.src, a.go_test)
     try:
         programs = [load_program(p) for p in a.replay or ()]
     except ValueError as e:
@@ -112,6 +117,26 @@ def main(argv=None) -> int:
     rate = c.steps / c.seconds if c.seconds else 0
     print(f"check-ollama: {len(c.findings)} rules violated, {c.steps} operations at {rate:.0f}/s; report: {path}")
     return 1 if c.findings else 0
+
+
+def run_go_tests(src, files: list) -> int:
+    """Each exported test file pasted beside prefix_cache_test.go; exit 1 while any test fails, 0 if all pass,
+    2 when the files are missing or do not compile."""
+    from targets.ollama.build import go_test
+    try:
+        tests = {Path(f).name: Path(f).read_text() for f in files}
+        result = go_test(src, tests)
+    except OSError as e:
+        print(f"check-ollama: --go-test {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2
+    except BuildError as e:
+        print(f"check-ollama: {e}", file=sys.stderr)
+        return 2
+    for name, (passed, msg) in result.items():
+        print(f"check-ollama: {name}: " + ("PASS" if passed else f"FAIL: {msg}"), flush=True)
+    failed = sum(not p for p, _ in result.values())
+    print(f"check-ollama: {failed} of {len(result)} exported tests fail on {src}")
+    return 1 if failed else 0
 
 
 def load_program(path: str) -> tuple:

@@ -101,6 +101,55 @@ def assemble(root: Path, out: Path) -> None:
     shutil.copyfile(HARNESS / "view_test.go", pkg / "zz_harness_view_test.go")
 
 
+def assemble_for_tests(root: Path, out: Path, tests: dict) -> None:
+    """A module holding the checkout's prefix cache unchanged (its constant budget included) and the given
+    test files pasted into x/mlxrunner, beside prefix_cache_test.go; our stubs stand in for the MLX bindings
+    and the logger, as in `assemble`, and no harness file is added."""
+    (out / "go.mod").write_text("module github.com/ollama/ollama\n\ngo 1.22\n")
+    for rel in COPIED:
+        dst = out / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / rel, dst)
+    (out / "x/mlxrunner/mlx").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(HARNESS / "stub_mlx.go", out / "x/mlxrunner/mlx/stub.go")
+    (out / "logutil").mkdir(exist_ok=True)
+    shutil.copyfile(HARNESS / "stub_logutil.go", out / "logutil/stub.go")
+    pkg = out / "x/mlxrunner"
+    if not any(re.search(r"\btype\s+mediaItem\s+struct", p.read_text()) for p in pkg.glob("*.go")):
+        shutil.copyfile(HARNESS / "stub_media.go", pkg / "zz_harness_media.go")
+    for name, text in tests.items():
+        (pkg / name).write_text(text)
+
+
+def go_test(src, tests: dict, workdir: Path | None = None) -> dict:
+    """Run pasted Go test files (name -> text, each defining Test functions) against the checkout's prefix
+    cache, unchanged. Returns {test function: (passed, its output)}; BuildError when they do not compile."""
+    root = check_checkout(src)
+    base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ollama-gotest-"))
+    module = base / "module"
+    if module.exists():
+        shutil.rmtree(module)
+    module.mkdir(parents=True)
+    assemble_for_tests(root, module, tests)
+    names = sorted({m for text in tests.values() for m in re.findall(r"^func (Test\w+)\(t \*testing\.T\)", text, re.M)})
+    cmd = [go_binary(), "test", "-count=1", "-v", "-run", "^(" + "|".join(names) + ")$", "./x/mlxrunner"]
+    proc = subprocess.run(cmd, cwd=module, env=go_env(module), capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    if "[build failed]" in out or "[setup failed]" in out or not re.search(r"^--- (PASS|FAIL)", out, re.M):
+        raise BuildError(f"go test failed to build: {first_error(out)}")
+    result = {}
+    for name in names:
+        m = re.search(rf"^--- (PASS|FAIL|SKIP): {name} \(", out, re.M)
+        lines = [l.strip() for l in out.splitlines() if re.match(r"\s+\S+_test\.go:\d+: ", l)]
+        own = [l for l in lines if any(l.startswith(f) for f in (f"{_file_of(tests, name)}:",))]
+        result[name] = (bool(m) and m.group(1) == "PASS", own[0] if own else (m.group(1) if m else "no result"))
+    return result
+
+
+def _file_of(tests: dict, name: str) -> str:
+    return next((f for f, text in tests.items() if re.search(rf"^func {name}\(", text, re.M)), "")
+
+
 def first_error(output: str) -> str:
     for line in output.splitlines():
         if re.search(r"\.go:\d+(:\d+)?: ", line):

@@ -185,11 +185,41 @@ def test_go_export_names_ollama_test_helpers():
            dict(op="begin", keys=[1, 2, 3, (1 << 31) | 5], spans=[[1, 3]]), dict(op="prefill", max_chunks=0),
            dict(op="step", key=1), dict(op="step", key=2), dict(op="close")]
     go = export("S3", ops)
-    assert go.startswith("func TestPrefixTrieS3Found(t *testing.T) {")
+    assert go.startswith("package mlxrunner\n") and "\nfunc TestPrefixTrieS3Found(t *testing.T) {\n" in go
     for name in ("fakeRecurrentCache", "pc.begin(keys, items)", "schedulePrefillSnapshots([]int{",
-                 "feedAll(pc.caches", "s.outputs = append(s.outputs, 2)", "hasAllSnapshots", "-2147483643"):
+                 "feedAll(fakes", "step(1)", "step(2)", "s.outputs = append(s.outputs, k)", "hasAllSnapshots",
+                 "-2147483643", "type prefixTrieS3FoundLayer struct"):
         assert name in go
     assert go.count("{") == go.count("}")
+
+
+def test_go_export_leaves_no_step_as_a_comment_and_sizes_arrays_not_the_budget():
+    """Issue 50: budget steps used to be comments, since maxPagedOutBytes is a constant. Now the sizes
+    change instead: unit = maxPagedOutBytes / budget real bytes per program byte, and set_budget rescales
+    every snapshot made so far, then evicts. Each rule's check is code, and every name a file defines is
+    prefixed by its test's name, so several exports paste side by side."""
+    reset = dict(op="reset", layout="hybrid", budget=400, interval=8, near_end=4, chunk=8)
+    ops = [reset, dict(op="begin", keys=[1, 2, 3, 4, 5], spans=[]), dict(op="prefill", max_chunks=0),
+           dict(op="step", key=5), dict(op="set_budget", budget=0), dict(op="close"), dict(op="set_budget", budget=64)]
+    for rule in ("E1", "E3", "G1", "S1", "C2", "E5", "S3", "P1", "T3", "M2", "M3", "S4"):
+        go = export(rule, ops)
+        body = go[go.index(f"func TestPrefixTrie{rule}Found("):]
+        code = [l.strip() for l in body.splitlines() if l.strip() and not l.strip().startswith("//")]
+        assert not any("maxPagedOutBytes =" in l or l.startswith("const ") or "set_budget" in l for l in code)
+        assert "unit := unitFor(400)" in code
+        assert sum("setBudget(0)" in l for l in code) == 1 and sum("setBudget(64)" in l for l in code) == 1
+        assert "fail(" in body and go.count("{") == go.count("}"), rule
+        defined = re_defs(go)
+        assert all(d.startswith(f"prefixTrie{rule}Found") or d == f"TestPrefixTrie{rule}Found" for d in defined), defined
+    assert "e1(\"operation 4 (setBudget)\")" not in export("E1", ops)      # mid-request: E1 judges at rest
+    assert "e1(\"operation 5 (close)\")" in export("E1", ops) and "e1(\"operation 6 (setBudget)\")" in export("E1", ops)
+    assert "deepest()" in export("C2", ops) and "e3(\"operation 4 (setBudget)\", false" in export("E3", ops)
+
+
+def re_defs(go: str) -> list:
+    """The package-level names a Go file defines (types and plain functions)."""
+    import re
+    return [a or b for a, b in re.findall(r"^(?:type (\w+)|func (\w+)\()", go, re.M)]
 
 
 def test_lazy_layouts_are_for_an_ollama_checkout_only():
@@ -204,7 +234,7 @@ def test_lazy_layouts_are_for_an_ollama_checkout_only():
     ops = [dict(op="reset", layout="hybrid-lazy", budget=400, interval=8, near_end=4, chunk=8),
            dict(op="begin", keys=[1, 2, 3], spans=[]), dict(op="close")]
     assert export("E1", ops) is None
-    assert export("E1", [dict(ops[0], layout="hybrid"), *ops[1:]]).startswith("func TestPrefixTrieE1Found(")
+    assert "\nfunc TestPrefixTrieE1Found(t *testing.T) {" in export("E1", [dict(ops[0], layout="hybrid"), *ops[1:]])
 
 
 def test_a_lazy_finding_exports_no_go_test(tmp_path):
