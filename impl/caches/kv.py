@@ -186,7 +186,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         restores wrote into it, when the view lies outside the rows written (they are the same there,
         and that buffer is evaluated), so the copy does not evaluate the pending write; else the
         buffer itself. (A write evaluated with copies that still read the old buffer makes MLX copy
-        the whole buffer; left to the forward, it is done in place: tests/impl/test_caches_kv.py.)"""
+        the whole buffer; left to the forward, it is done in place: tests/impl/test_caches_kv_writes.py.)"""
         u = self._unwritten
         if u is not None and (end <= u[2] or start >= u[3]):
             return u[0], u[1]
