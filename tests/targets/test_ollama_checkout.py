@@ -103,3 +103,22 @@ def test_cause_is_read_from_the_program_run(tmp_path):
         assert "pageOut returns early" in diagnose(t, "S3", S3_PROGRAM) or os.environ.get("OLLAMA_SRC_FIXED") == "1"
     finally:
         t.shutdown()
+
+
+def test_lazy_window_captures_are_views_until_the_next_write(tmp_path):
+    """RotatingKVCache captures the offsets a batched write reaches past its start as lazy views of its
+    linearised buffer; the next write (a decode step here) copies them out, and the hook moves the counter.
+    Restore refuses before it copies, and two views merge by arithmetic only when adjacent (issue 50)."""
+    t = HarnessTarget(build(SRC, tmp_path))
+    try:
+        prog = [dict(op="reset", budget=1 << 40, interval=8, near_end=4, chunk=8, layout="sliding-lazy"),
+                dict(op="begin", keys=list(range(1, 10)), spans=[]), dict(op="prefill", max_chunks=0)]
+        assert replay(t, prog) == []
+        win = lambda: [s for n in t.view().walk() for s in n.snaps.values() if s.kind == "windowed"]
+        assert [(s.end, s.lazy, s.nbytes) for s in win()] == [(5, True, 0), (8, True, 0)]
+        assert t.view().counter == 0
+        assert replay(t, prog + [dict(op="step", key=9)]) == []
+        assert [(s.end, s.lazy, s.nbytes) for s in win()] == [(5, False, 64), (8, False, 64)]
+        assert t.view().counter == 128
+    finally:
+        t.shutdown()

@@ -21,8 +21,12 @@
 //   - in a "-lazy" layout (e.g. "hybrid-lazy"), a KV snapshot taken from the
 //     live rows is a lazy view, as Ollama's KVCache makes them: it owns 0
 //     bytes until a write overwrites its rows or the cache is freed, and then
-//     materialises through its hook (the fake's materialize). Two views merge
-//     or split into views; any other merge copies out its inputs first.
+//     materialises through its hook (the fake's materialize). Two adjacent
+//     views merge, and a view splits, into views; any other KV merge copies
+//     out its inputs first. A refused Restore copies nothing. A windowed
+//     layer's captures inside a batched write (past its start) are views too,
+//     as RotatingKVCache makes them; its next write, an owned restore or Free
+//     copies them out, and its own view restored stays a view.
 package mlxrunner
 
 import (
@@ -32,6 +36,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -62,13 +67,38 @@ type sized struct {
 
 func (c *sized) lazyKV() bool { return c.h.lazy && *c.h.layers[c.layer].Kind == "kv" }
 
-// view makes a snapshot just taken from the live rows a lazy view: it owns nothing yet.
-func (c *sized) view(s cache.Snapshot) cache.Snapshot {
-	if fs, ok := s.(*fakeSnapshot); ok && fs != nil && c.lazyKV() {
+// lazyWindow: a windowed layer of a "-lazy" layout, whose captures inside a batched write are lazy
+// views of the linearised buffer (RotatingKVCache.lazyRotatingSnapshot); every other snapshot it
+// makes (the write's start boundary, a single-token write, Snapshot) is an owned clone.
+func (c *sized) lazyWindow() bool { return c.h.lazy && *c.h.layers[c.layer].Kind == "windowed" }
+
+// mark registers a snapshot as a lazy view: it owns nothing until copied out.
+func (c *sized) mark(s cache.Snapshot) {
+	if fs, ok := s.(*fakeSnapshot); ok && fs != nil {
 		fs.byteSize = 0
 		c.views[fs] = true
 	}
+}
+
+// view makes a snapshot just taken from the live rows a lazy view: it owns nothing yet. (A KV
+// layer's snapshots all are; a windowed layer's views are marked when its write makes them.)
+func (c *sized) view(s cache.Snapshot) cache.Snapshot {
+	if fs, ok := s.(*fakeSnapshot); ok && fs != nil && (c.lazyKV() || c.views[fs]) {
+		c.mark(fs)
+	}
 	return s
+}
+
+// bytes is what a snapshot owns once copied out.
+func (c *sized) bytes(fs *fakeSnapshot) int {
+	l := c.h.layers[c.layer]
+	switch *l.Kind {
+	case "kv":
+		return l.Cost * len(fs.tokens)
+	case "windowed":
+		return l.Cost * min(len(fs.tokens), l.Window)
+	}
+	return l.Cost
 }
 
 func (c *sized) isView(s cache.Snapshot) bool {
@@ -79,7 +109,7 @@ func (c *sized) isView(s cache.Snapshot) bool {
 // own copies a view out: it then owns its rows, and its hook reports them.
 func (c *sized) own(fs *fakeSnapshot) {
 	delete(c.views, fs)
-	fs.materialize(c.h.layers[c.layer].Cost * len(fs.tokens))
+	fs.materialize(c.bytes(fs))
 }
 
 // materialise copies out every view overlapping rows [p, q) before they are overwritten.
@@ -95,16 +125,7 @@ func (c *sized) materialise(p, q int) {
 
 func (c *sized) fix(s cache.Snapshot) cache.Snapshot {
 	if fs, ok := s.(*fakeSnapshot); ok && fs != nil {
-		l := c.h.layers[c.layer]
-		n := len(fs.tokens)
-		switch *l.Kind {
-		case "kv":
-			fs.byteSize = l.Cost * n
-		case "windowed":
-			fs.byteSize = l.Cost * min(n, l.Window)
-		default:
-			fs.byteSize = l.Cost
-		}
+		fs.byteSize = c.bytes(fs)
 	}
 	return s
 }
@@ -122,10 +143,10 @@ func (c *sized) Split(s cache.Snapshot, at int) (cache.Snapshot, cache.Snapshot)
 	a, b := c.Cache.Split(s, at)
 	c.fix(a)
 	c.fix(b)
-	if lazy { // a view splits into two views (arithmetic)
+	if lazy { // a view splits into views (arithmetic; a window is returned whole, still a view)
 		delete(c.views, s.(*fakeSnapshot))
-		c.view(a)
-		c.view(b)
+		c.mark(a)
+		c.mark(b)
 	}
 	return a, b
 }
@@ -135,8 +156,11 @@ func (c *sized) Merge(p, ch cache.Snapshot) cache.Snapshot {
 	if ok1 && ok2 && pf != nil && cf != nil && *c.h.layers[c.layer].Kind == "kv" && pf.to != cf.from {
 		c.h.merges = append(c.h.merges, hMerge{c.layer, [2]int{pf.from, pf.to}, [2]int{cf.from, cf.to}})
 	}
-	lazy := c.isView(p) && c.isView(ch)
-	if !lazy { // an owned merge copies its inputs out first (Ollama's KVCache.Merge)
+	// Two views of the live rows merge by arithmetic only when adjacent (KVCache.Merge checks
+	// p.to == ch.from); any other pair, two non-adjacent views included, is copied out first.
+	kv := *c.h.layers[c.layer].Kind == "kv"
+	lazy := kv && c.isView(p) && c.isView(ch) && pf.to == cf.from
+	if kv && !lazy { // an owned merge copies its inputs out first (Ollama's KVCache.Merge)
 		for _, s := range []cache.Snapshot{p, ch} {
 			if c.isView(s) {
 				c.own(s.(*fakeSnapshot))
@@ -147,20 +171,42 @@ func (c *sized) Merge(p, ch cache.Snapshot) cache.Snapshot {
 	if lazy { // two views of the live rows merge into one view (arithmetic)
 		delete(c.views, pf)
 		delete(c.views, cf)
-		c.view(m)
+		c.mark(m)
+	}
+	if c.isView(m) { // a window's merge is its child, copied nothing: still a view
+		c.mark(m)
 	}
 	return m
 }
 func (c *sized) Restore(s cache.Snapshot, target int) bool {
 	if s != nil && !c.isView(s) && c.lazyKV() { // an owned snapshot's rows are written back, all of them
-		if fs, ok := s.(*fakeSnapshot); ok && fs != nil { // (KVCache.Restore appends them, then clamps)
+		fs, ok := s.(*fakeSnapshot) // (KVCache.Restore appends them, then clamps)
+		// KVCache.Restore checks its preconditions before it copies anything: a refused restore
+		// materialises nothing.
+		if ok && fs != nil && target >= 0 && target <= fs.to && c.Offset() >= fs.from {
 			c.materialise(fs.from, fs.to)
+		}
+	}
+	if s != nil && c.lazyWindow() {
+		// RotatingKVCache.Restore, past its checks: its own view is re-pointed and stays a view, every
+		// other outstanding view is copied out (the buffer is replaced).
+		fs, ok := s.(*fakeSnapshot)
+		w := c.h.layers[c.layer].Window
+		if ok && fs != nil && target >= 0 && target <= fs.to && !(target < fs.to && fs.to > w) {
+			keep := c.isView(fs)
+			for v := range c.views {
+				if v.closeCount > 0 {
+					delete(c.views, v)
+				} else if v != fs || !keep {
+					c.own(v)
+				}
+			}
 		}
 	}
 	return c.Cache.Restore(s, target)
 }
 func (c *sized) Free() {
-	if c.lazyKV() {
+	if c.lazyKV() || c.lazyWindow() {
 		c.materialise(0, 1<<62)
 	}
 	c.Cache.Free()
@@ -247,10 +293,25 @@ func (h *harness) feed(keys []uint32) {
 	}
 	for i, f := range h.fakes {
 		if fd, ok := f.(feeder); ok {
-			if w := h.wrapped[i]; w.lazyKV() { // the write overwrites rows [offset, offset+n)
+			w := h.wrapped[i]
+			if w.lazyKV() { // the write overwrites rows [offset, offset+n)
 				w.materialise(w.Offset(), w.Offset()+len(toks))
 			}
+			sw, window := f.(*fakeSlidingWindowCache)
+			var before []cache.Snapshot
+			start := f.Offset()
+			if window && w.lazyWindow() { // concat and update copy every outstanding view out first
+				w.materialise(0, 1<<62)
+				before = slices.Clone(sw.pending.captured)
+			}
 			fd.feed(toks)
+			if window && w.lazyWindow() && len(toks) > 1 { // a batched write: captures past its start are views
+				for j, s := range sw.pending.captured {
+					if fs, ok := s.(*fakeSnapshot); ok && fs != nil && (j >= len(before) || before[j] == nil) && fs.to != start {
+						w.mark(fs)
+					}
+				}
+			}
 		}
 	}
 	h.seq = append(h.seq, keys...)
