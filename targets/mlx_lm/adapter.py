@@ -79,18 +79,26 @@ class Entry:
     held: int              # sum of its layer caches' nbytes now
     trimmable: bool        # mlx-lm's can_trim_prompt_cache on the stored caches
     offsets: tuple
+    kinds: tuple = ()      # its layer caches' class names
 
 
 class Recorder:
-    """The model, called unchanged; logs the input tokens of every forward (one sequence per batch)."""
+    """The model, called unchanged; logs every forward as ("fwd", input tokens, offset before, quantized
+    layers): the offset (the largest int offset of its caches; None for batch caches) shows a rewind
+    (speculative decoding trims between forwards), the quantized layers ((layer, group size, bits) of
+    its QuantizedKVCache layers) where --kv-bits turned a layer into one."""
 
     def __init__(self, model):
         self.__dict__["_model"] = model
         self.__dict__["log"] = []
 
     def __call__(self, inputs, *args, **kwargs):
+        cache = kwargs.get("cache", args[0] if args else None) or []
+        offs = [c.offset for c in cache if isinstance(getattr(c, "offset", None), int)]
+        quant = tuple((i, c.group_size, c.bits) for i, c in enumerate(cache) if type(c).__name__ == "QuantizedKVCache")
+        offset = max(offs) if offs and len(offs) == len(cache) else None
         out = self._model(inputs, *args, **kwargs)
-        self.log.append(tuple(inputs.tolist()[0]))
+        self.log.append(("fwd", tuple(inputs.tolist()[0]), offset, quant))
         return out
 
     def __getattr__(self, name):
@@ -108,7 +116,10 @@ class Result:
     crash: str | None = None
     bases: list = field(default_factory=list)   # candidate schedules of the fetched state (one per served entry)
     base_index: int = 0              # the candidate C1 matched (set by the checker)
-    own: list = field(default_factory=list)     # the request's own forwards (input tokens), in order
+    own: list = field(default_factory=list)     # the request's own forwards (Recorder's log), in order
+    generated: list = field(default_factory=list)   # the tokens generated (forced, or greedy with a draft)
+    path: str = "batched"            # the serving path the server chose for it
+    seed: int | None = None
     _pending: tuple | None = None    # (cache, segments, types) between fetch_only and finish
 
 
@@ -117,11 +128,13 @@ class ServerDriver:
     `observer` (rules.Checker) is told before/after every call that changes the cache."""
 
     def __init__(self, model_name: str, prompt_cache_size: int = 10, prompt_cache_bytes: int | None = None,
-                 lru_class=None, observer=None):
+                 lru_class=None, observer=None, kv_bits: int | None = None, quantized_kv_start: int = 5000,
+                 draft: str | None = None, num_draft_tokens: int = 3):
         """`lru_class`: a factory (prompt_cache_size, prompt_cache_bytes) -> cache, standing for
-        server.run's construction; default: what server.run does, LRUPromptCache(prompt_cache_size)."""
-        from mlx_lm.generate import BatchGenerator
-        from mlx_lm.models.cache import LRUPromptCache
+        server.run's construction; default: what server.run does, LRUPromptCache(prompt_cache_size).
+        `kv_bits`, `quantized_kv_start` (default 5000, the server's), `draft` (a model name: --draft-model)
+        and `num_draft_tokens` (default 3) are the server's flags of those names."""
+        from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache
         self.model_name = model_name
         self.model = models.build(model_name)
         self.prompt_cache_size = prompt_cache_size
@@ -130,10 +143,14 @@ class ServerDriver:
             self.lru = LRUPromptCache(prompt_cache_size)                 # server.run: no byte limit passed
         else:
             self.lru = lru_class(prompt_cache_size, prompt_cache_bytes)
-        # server defaults: --decode-concurrency 32, --prompt-concurrency 8, --prefill-step-size 2048
+        self.kv_bits, self.quantized_kv_start = kv_bits, quantized_kv_start
+        self.draft_name, self.num_draft_tokens = draft, num_draft_tokens
+        self.draft_model = None if draft is None else models.build(draft)
+        # ModelProvider._load: batchable when there is no draft model and every layer cache can merge
+        self.batchable = draft is None and all(hasattr(c, "merge") for c in make_prompt_cache(self.model))
         self.recorder = Recorder(self.model)
-        self.bg = BatchGenerator(self.recorder, completion_batch_size=32, prefill_batch_size=8,
-                                 prefill_step_size=2048)
+        self.bg = None                   # the BatchGenerator, made when a batched request comes
+        self.held_max: dict = {}         # path -> the most bytes held at rest after a request on it
         self.schedules: dict = {}        # key -> (Result that inserted it, forwards of it up to the insert)
         self.observer = observer
         self._current = None             # the Result being served
@@ -154,7 +171,8 @@ class ServerDriver:
                     e = child
                     out[keys] = Entry(keys, e.cache_type, e.nbytes, sum(c.nbytes for c in e.prompt_cache),
                                       can_trim_prompt_cache(e.prompt_cache),
-                                      tuple(_offset(c) for c in e.prompt_cache))
+                                      tuple(_offset(c) for c in e.prompt_cache),
+                                      tuple(type(c).__name__ for c in e.prompt_cache))
                 else:
                     stack.append((keys + (tok,), child))
         return out
@@ -163,7 +181,7 @@ class ServerDriver:
         """The forwards (and trims) that built the stored entry `key`: [("fwd", tokens) | ("trim", n)]."""
         res, n = self.schedules[tuple(key)]
         own = res.own if res.own is not self.recorder.log else list(self.recorder.log)
-        return res.bases[res.base_index] + [("fwd", t) for t in own[:n]]
+        return res.bases[res.base_index] + own_ops(res.count, own[:n])
 
     def _served(self, prompt: list, count: int, before: dict) -> tuple:
         """The entries the fetch may have served `count` tokens from, judged from the outcome alone (so
@@ -210,11 +228,16 @@ class ServerDriver:
         if self.observer:
             self.observer.after_trim(self, before)
 
-    def request(self, prompt, gen, chat: bool = False, sys_len: int = 0) -> Result:
-        """Serve one request: `prompt` tokens, then the generated tokens `gen` (forced, >= 1)."""
-        return self.finish(self.fetch_only(prompt, chat, sys_len), gen)
+    def path(self, seed=None) -> str:
+        """The server's choice (ResponseGenerator._generate): batched when the model is batchable and
+        the request has no seed and there is no --kv-bits (no images here); else _serve_single."""
+        return "batched" if self.batchable and seed is None and self.kv_bits is None else "sequential"
 
-    def fetch_only(self, prompt, chat: bool = False, sys_len: int = 0) -> Result:
+    def request(self, prompt, gen, chat: bool = False, sys_len: int = 0, seed=None) -> Result:
+        """Serve one request: `prompt` tokens, then the generated tokens `gen` (forced, >= 1)."""
+        return self.finish(self.fetch_only(prompt, chat, sys_len, seed), gen)
+
+    def fetch_only(self, prompt, chat: bool = False, sys_len: int = 0, seed=None) -> Result:
         """The request's first cache call, fetch_nearest_cache; `finish` does the rest."""
         prompt = list(prompt)
         segments, types = segments_for(prompt, chat, sys_len)
@@ -227,6 +250,7 @@ class ServerDriver:
         count = len(prompt) - len(rest)
         res = Result(tuple(prompt), count, self._served(prompt, count, before), branch,
                      fetched=None if cache is None else copy.deepcopy(cache))
+        res.path, res.seed = self.path(seed), seed
         res.bases = [self.schedule(k) + ([("trim", len(k) - count)] if len(k) > count else [])
                      for k in res.served] or [[]]
         if self.observer:
@@ -237,6 +261,13 @@ class ServerDriver:
     def finish(self, res: Result, gen) -> Result:
         """insert_segments, trim_to and the generation loop with its inserts, as the server does."""
         assert gen, "a request generates at least one token (max_tokens > 0)"
+        if res.path == "sequential":
+            return self._serve_single(res, gen)
+        if self.bg is None:
+            from mlx_lm.generate import BatchGenerator
+            # server defaults: --decode-concurrency 32, --prompt-concurrency 8, --prefill-step-size 2048
+            self.bg = BatchGenerator(self.recorder, completion_batch_size=32, prefill_batch_size=8,
+                                     prefill_step_size=2048)
         cache, segments, types = res._pending
         res._pending = None
         prompt, count = list(res.prompt), res.count
@@ -253,8 +284,7 @@ class ServerDriver:
             res.crash = f"{type(e).__name__}: {e}"
             self.dead = True
             self._current = None
-            if self.observer:
-                self.observer.after_request(self, res, gen)
+            self._after(res, gen)
             return res
         del cache
         if self.prompt_cache_bytes is not None:
@@ -270,15 +300,126 @@ class ServerDriver:
                 self._insert(cache_key[:], c, seg_types.pop())
             for r in gen_responses:
                 res.logprobs.append(r.logprobs)
+                res.generated.append(r.token)
                 if r.finish_reason is not None:
                     self._insert(r.all_tokens[:], r.prompt_cache, "assistant")
                     done = True
         res.own = list(self.recorder.log)
         self.recorder.log.clear()
         self._current = None
+        self._after(res, gen)
+        return res
+
+    def _after(self, res, gen):
+        self.held_max[res.path] = max(self.held_max.get(res.path, 0), int(self.lru.nbytes))
         if self.observer:
             self.observer.after_request(self, res, gen)
+
+    def _serve_single(self, res: Result, gen) -> Result:
+        """ResponseGenerator._serve_single: a batch in progress is drained and closed first; a miss gets
+        make_prompt_cache (+ the draft model's); stream_generate over the rest of the prompt with the
+        server's flags; cache_key (the prompt, then each generated token) is inserted with the cache
+        at the end -- no segment entries, no trim_to (the byte limit is never applied on this path).
+        An exception is put on the request's queue: the request fails, the server goes on."""
+        from mlx_lm.generate import stream_generate
+        from mlx_lm.models.cache import make_prompt_cache
+        cache, _, _ = res._pending
+        res._pending = None
+        if self.bg is not None:                           # drain_batch: the batch generator is closed
+            self.bg.close()
+            self.bg = None
+        prompt, count = list(res.prompt), res.count
+        cache_key, rest = prompt[:], prompt[count:]
+        if cache is None:
+            cache = make_prompt_cache(self.model)
+            if self.draft_model is not None:
+                cache += make_prompt_cache(self.draft_model)
+        if res.seed is not None:
+            mx.random.seed(res.seed)
+        self._current = res
+        self.recorder.log.clear()
+        res.own = self.recorder.log
+        forced = iter(list(gen))
+        sampler = lambda logprobs: mx.array([next(forced, 0)], dtype=mx.uint32)
+        if self.draft_model is not None:   # the draft and the verifier share the sampler: greedy (the
+            sampler = None                 # server's temperature 0); `gen` gives only the count
+        try:
+            for g in stream_generate(model=self.recorder, tokenizer=_Tokenizer(), prompt=rest,
+                                     max_tokens=len(gen), sampler=sampler, logits_processors=[],
+                                     prompt_cache=cache, draft_model=self.draft_model,
+                                     num_draft_tokens=self.num_draft_tokens, prefill_step_size=2048,
+                                     kv_bits=self.kv_bits, kv_group_size=64,
+                                     quantized_kv_start=self.quantized_kv_start):
+                res.logprobs.append(g.logprobs)
+                res.generated.append(g.token)
+                cache_key.append(g.token)
+                if g.finish_reason is not None:
+                    break
+        except Exception as e:            # _serve_single puts it on the request's queue
+            res.crash = f"{type(e).__name__}: {e}"
+            res.own = list(self.recorder.log)
+            self.recorder.log.clear()
+            self._current = None
+            self._after(res, gen)
+            return res
+        self._insert(cache_key, cache, "assistant")
+        res.own = list(self.recorder.log)
+        self.recorder.log.clear()
+        self._current = None
+        self._after(res, gen)
         return res
+
+
+def _tokenizer_class():
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    class Detokenizer:
+        last_segment = ""
+
+        def add_token(self, token):
+            self.last_segment = f" {token}"
+
+        def finalize(self):
+            pass
+
+    class Tokenizer(TokenizerWrapper):
+        """stream_generate's tokenizer: no end-of-sequence token, token ids as text."""
+        _tokenizer = None
+
+        def __init__(self):
+            pass
+
+        @property
+        def detokenizer(self):
+            return Detokenizer()
+
+        @property
+        def eos_token_ids(self):
+            return set()
+    return Tokenizer
+
+
+def _Tokenizer():
+    global _TOK
+    if _TOK is None:
+        _TOK = _tokenizer_class()
+    return _TOK()
+
+
+_TOK = None
+
+
+def own_ops(start: int, log) -> list:
+    """A request's recorded forwards as schedule ops from position `start`: ("fwd", tokens, quantized
+    layers), with ("trim", n) where a forward starts n positions before the last one ended (a rewind)."""
+    ops, pos = [], start
+    for _, tokens, offset, quant in log:
+        if offset is not None and offset < pos:
+            ops.append(("trim", pos - offset))
+            pos = offset
+        ops.append(("fwd", tokens, quant))
+        pos += len(tokens)
+    return ops
 
 
 def _offset(c) -> int:

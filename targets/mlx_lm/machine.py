@@ -1,7 +1,9 @@
 """The Hypothesis machine over mlx-lm's server prompt cache, programs, replay and the search.
 
 A program is JSON: {"model", "prompt_cache_size", "prompt_cache_bytes", "ops": [[prompt, gen, chat,
-sys_len], ...]} -- each op one request served by adapter.ServerDriver. `replay(program)` runs it with
+sys_len(, seed)], ...]} and, when set, the server flags "kv_bits", "quantized_kv_start" and "draft" --
+each op one request served by adapter.ServerDriver, on the path mlx_lm.server chooses for it (a seed,
+--kv-bits, a draft model or caches that cannot merge: the sequential path). `replay(program)` runs it with
 every rule enabled and returns the findings.
 
 Invariants:
@@ -23,12 +25,15 @@ import time
 from hypothesis import Phase, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
+from targets.mlx_lm import models
 from targets.mlx_lm.adapter import ServerDriver
 from targets.mlx_lm.rules import Checker
 
 ALPHABET = st.integers(1, 6)
 LAST: dict = {}
 STATS = {"steps": 0, "seconds": 0.0}
+E1_WORST: dict = {}               # path -> the largest excess over --prompt-cache-bytes seen at rest, with its model
+PATHS: dict = {}                  # path -> requests served on it, over every run of the process
 POLICY: dict = {}                 # cause -> [count, first example], over every run of the process
 
 
@@ -48,14 +53,20 @@ def make_machine(model_name: str, known=frozenset(), lru_class=None):
     unit = _units[model_name]
 
     class MlxLmServerMachine(RuleBasedStateMachine):
-        @initialize(size=st.sampled_from([2, 3, 10]), mult=st.sampled_from([None, 1, 2, 4]))
-        def setup(self, size, mult):
+        @initialize(size=st.sampled_from([2, 3, 10]), mult=st.sampled_from([None, 1, 2, 4]), data=st.data())
+        def setup(self, size, mult, data):
             self.checker = Checker()
             limit = None if mult is None else mult * unit
+            flags = {}
+            if model_name in QUANTIZABLE and data.draw(st.booleans(), label="kv_bits"):
+                flags = {"kv_bits": data.draw(st.sampled_from([4, 8]), label="bits"), "quantized_kv_start":
+                         data.draw(st.sampled_from([0, 4]), label="quantized_kv_start")}
+            if model_name in models.DRAFTS and data.draw(st.booleans(), label="draft"):
+                flags["draft"] = models.DRAFTS[model_name]
             self.driver = ServerDriver(model_name, prompt_cache_size=size, prompt_cache_bytes=limit,
-                                       lru_class=lru_class, observer=self.checker)
+                                       lru_class=lru_class, observer=self.checker, **flags)
             self.program = {"model": model_name, "prompt_cache_size": size, "prompt_cache_bytes": limit,
-                            "ops": []}
+                            **flags, "ops": []}
             self.seqs = [()]
             self.seen = 0
             self.t0 = time.perf_counter()
@@ -73,13 +84,18 @@ def make_machine(model_name: str, known=frozenset(), lru_class=None):
             gen = data.draw(st.lists(ALPHABET, min_size=1, max_size=3), label="gen")
             chat = data.draw(st.booleans(), label="chat")
             sys_len = data.draw(st.integers(0, 3), label="sys_len") if chat else 0
-            op = [prompt, gen, chat, sys_len]
+            seed = data.draw(st.sampled_from([None, None, 0]), label="seed") if self.driver.batchable else None
+            op = [prompt, gen, chat, sys_len] + ([seed] if seed is not None else [])
             self.program["ops"].append(op)
             t = time.perf_counter()
-            self.driver.request(prompt, gen, chat=chat, sys_len=sys_len)
+            res = self.driver.request(prompt, gen, chat=chat, sys_len=sys_len, seed=seed)
             STATS["steps"] += 1
             STATS["seconds"] += time.perf_counter() - t
-            self.seqs.append(tuple(prompt + gen))
+            PATHS[res.path] = PATHS.get(res.path, 0) + 1
+            for path, w in self.checker.e1_worst.items():
+                if path not in E1_WORST or w["held"] - w["limit"] > E1_WORST[path]["held"] - E1_WORST[path]["limit"]:
+                    E1_WORST[path] = {**w, "model": model_name}
+            self.seqs.append(tuple(prompt + (res.generated or gen)))
             for f in self.checker.findings[self.seen:]:
                 if f.kind == "policy":
                     n, ex = POLICY.get(f.cause, [0, f"{model_name}: {f.message}"])
@@ -96,6 +112,10 @@ def make_machine(model_name: str, known=frozenset(), lru_class=None):
     return MlxLmServerMachine
 
 
+QUANTIZABLE = ("llama_q",)       # models whose KV caches --kv-bits can quantize (head_dim a multiple of 64)
+FLAGS = ("kv_bits", "quantized_kv_start", "draft")
+
+
 def _copy(p):
     return {**p, "ops": [list(map(lambda x: list(x) if isinstance(x, list) else x, op)) for op in p["ops"]]}
 
@@ -103,11 +123,12 @@ def _copy(p):
 def run_driver(program: dict, lru_class=None, checker=None):
     checker = checker or Checker()
     d = ServerDriver(program["model"], program["prompt_cache_size"], program["prompt_cache_bytes"],
-                     lru_class=lru_class, observer=checker)
-    for prompt, gen, chat, sys_len in program["ops"]:
+                     lru_class=lru_class, observer=checker, **{k: program[k] for k in FLAGS if k in program})
+    for op in program["ops"]:
         if d.dead:
             break
-        d.request(prompt, gen, chat=chat, sys_len=sys_len)
+        prompt, gen, chat, sys_len = op[:4]
+        d.request(prompt, gen, chat=chat, sys_len=sys_len, seed=op[4] if len(op) > 4 else None)
     return d, checker
 
 
@@ -184,18 +205,24 @@ def shrink(program: dict, rule: str, cause: str, lru_class=None, passes: int = 4
         for i in range(len(best["ops"]) - 1, -1, -1):
             if i < len(best["ops"]):
                 attempt({**best, "ops": best["ops"][:i] + best["ops"][i + 1:]})
+        for flag in FLAGS:
+            if flag in best:
+                attempt({k: v for k, v in best.items() if k != flag})
         values = sorted({t for op in best["ops"] for t in op[0] + op[1] if t > 1}, reverse=True)
         for v in values:
             attempt({**best, "ops": [[[1 if t == v else t for t in op[0]], [1 if t == v else t for t in op[1]],
-                                      op[2], op[3]] for op in best["ops"]]})
+                                      op[2], op[3]] + op[4:] for op in best["ops"]]})
         for i in range(len(best["ops"])):
             def put(op, i=i):
                 return {**best, "ops": best["ops"][:i] + [op] + best["ops"][i + 1:]}
-            prompt, gen, chat, sys_len = best["ops"][i]
-            if chat and attempt(put([prompt, gen, False, 0])):
-                prompt, gen, chat, sys_len = best["ops"][i]
-            if sys_len and attempt(put([prompt, gen, chat, 0])):
-                prompt, gen, chat, sys_len = best["ops"][i]
+            prompt, gen, chat, sys_len = best["ops"][i][:4]
+            extra = best["ops"][i][4:]
+            if extra and attempt(put([prompt, gen, chat, sys_len])):
+                extra = []
+            if chat and attempt(put([prompt, gen, False, 0] + extra)):
+                prompt, gen, chat, sys_len = best["ops"][i][:4]
+            if sys_len and attempt(put([prompt, gen, chat, 0] + extra)):
+                prompt, gen, chat, sys_len = best["ops"][i][:4]
             for field in (0, 1):
                 j = len(best["ops"][i][field]) - 1
                 while j >= 0:

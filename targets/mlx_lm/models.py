@@ -1,4 +1,4 @@
-"""Small fixed-seed models of four mlx-lm architectures, built in memory from a config dict.
+"""Small fixed-seed models of mlx-lm architectures, built in memory from a config dict.
 
 Invariants:
 - Each model is one of mlx-lm's own model classes (`mlx_lm.models.<model_type>.Model`) built small:
@@ -9,6 +9,15 @@ Invariants:
     gemma3     RotatingKVCache(window 8) + KVCache          (trimmable only while offset < window)
     qwen3next  ArraysCache (gated delta) + KVCache          (never trimmable)
     mamba2     ArraysCache x2                              (never trimmable)
+    llama4     ChunkedKVCache(chunk 8) x3 + KVCache        (trimmable, but only back to the chunk window;
+                                                            no `merge`: the server serves it sequentially)
+    falcon_h1  CacheList(ArraysCache, KVCache) x2          (never trimmable; batched)
+    llama_q    KVCache x2 with head_dim 64                 (for --kv-bits: the server's --kv-group-size 64
+                                                            needs a head dimension it divides)
+    llama_draft KVCache x1                                 (the draft model for llama: --draft-model)
+  The zoo's configs (impl/models/zoo.py) with this module's vocabulary; RotatingKVCache with keep > 0
+  is made only by make_prompt_cache(model, max_kv_size), which mlx_lm.server 0.32.2 never passes (it has
+  no --max-kv-size): the server cannot build that kind.
 - `server_path(model)` applies the server's own test (ModelProvider._load: no draft model and every
   layer cache has `merge`) plus ResponseGenerator._is_batchable's defaults (no seed, no --kv-bits):
   all four models take the batched path (BatchGenerator) for text requests without images.
@@ -42,7 +51,21 @@ CONFIGS: dict[str, dict] = {
                    conv_kernel=4, n_groups=1, use_bias=False, use_conv_bias=True, tie_word_embeddings=True,
                    time_step_limit=[0.0, 1e9], time_step_rank="auto", max_position_embeddings=8192),
 }
-MODEL_NAMES = tuple(CONFIGS)
+
+def _zoo(name):
+    from impl.models.zoo import CONFIGS as ZOO
+    cfg = dict(ZOO[name], vocab_size=VOCAB)
+    if "text_config" in cfg:
+        cfg["text_config"] = dict(cfg["text_config"], vocab_size=VOCAB)
+    return cfg
+
+
+CONFIGS["llama4"] = _zoo("llama4")
+CONFIGS["falcon_h1"] = _zoo("falcon_h1")
+CONFIGS["llama_q"] = dict(CONFIGS["llama"], num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+CONFIGS["llama_draft"] = dict(CONFIGS["llama"], num_hidden_layers=1)
+MODEL_NAMES = ("llama", "gemma3", "qwen3next", "mamba2", "llama4", "falcon_h1", "llama_q")
+DRAFTS = {"llama": "llama_draft"}            # a model and the draft model the machine may serve it with
 
 _built: dict = {}
 

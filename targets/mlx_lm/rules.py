@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from targets.base import ALL_RULES
+from targets.mlx_lm.adapter import own_ops
 
 RULES = frozenset({"C1", "C2", "E1", "E3", "A1", "T1", "T2", "S2"})
 NOT_APPLICABLE = {
@@ -117,6 +118,31 @@ CAUSES = {
                                  "if short_length > 0:",
                                  "no checkpoint where the conversation diverged: caches that cannot be trimmed "
                                  "resume at the last stored prefix (segment ends, finished requests)"),
+    "bytes-limit-never-applied": Cause("E1", "mlx_lm.server", "ResponseGenerator._serve_single",
+                                       "self.prompt_cache.insert_cache(",
+                                       "on the sequential path (a seed, --kv-bits, a draft model, images, caches "
+                                       "that cannot merge) nothing bounds the bytes: LRUPromptCache has no "
+                                       "max_bytes (server.run) and _serve_single never calls trim_to, so every "
+                                       "request's entry stays until --prompt-cache-size evicts"),
+    "trim-partial": Cause("C1", "mlx_lm.models.cache", "ChunkedKVCache.trim",
+                          "n = min(self.offset - self.start_position, n)",
+                          "ChunkedKVCache claims to be trimmable but trims only back to its chunk window's "
+                          "start; trim_prompt_cache reports layer 0's count, and fetch_nearest_cache "
+                          "serves the cache as if every layer went back: a layer still holds the later "
+                          "tokens, and the resumed request is computed on them"),
+    "trim-partial-stored": Cause("S2", "mlx_lm.models.cache", "ChunkedKVCache.trim",
+                                 "n = min(self.offset - self.start_position, n)",
+                                 "an entry's ChunkedKVCache layers rest past its key: a fetch trimmed them only "
+                                 "part of the way and the request's tokens were appended after the rest"),
+    "draft-behind": Cause("S2", "mlx_lm.server", "ResponseGenerator._serve_single",
+                          "cache += make_prompt_cache(self.model_provider.draft_model)",
+                          "with a draft model the entry stores the draft's caches too, and they rest short "
+                          "of the key (speculative decoding leaves the draft behind the accepted tokens); "
+                          "a later fetch trims both by the same count, so the draft resumes at the wrong "
+                          "positions (slower drafting; the main model's output is unaffected)"),
+    "generate-differs": Cause("C1", "mlx_lm.generate", "generate_step",
+                              "return model(input_tokens, cache=prompt_cache)",
+                              "the fetched cache is right but generation from it differs from the replay"),
     "count-limit": Cause("E1", "mlx_lm.models.cache", "LRUPromptCache.insert_cache",
                          "if len(self._lru) > self.max_size:", "more entries than --prompt-cache-size at rest"),
     "counter-drift": Cause("A1", "mlx_lm.models.cache", "LRUPromptCache.insert_cache",
@@ -202,6 +228,8 @@ class Checker:
         self.maybe_used: dict = {}    # key -> clock of its last possible use (also ambiguous fetches)
         self.step = -1
         self._before = {}
+        self.e1_worst: dict = {}      # path -> the largest excess over --prompt-cache-bytes seen at rest
+        self.paths: dict = {}         # path -> requests served on it
 
     def _add(self, rule, cause, kind, message):
         if rule in self.enabled:
@@ -279,23 +307,41 @@ class Checker:
         self._evictions(d, before)
 
     # ------------------------------------------------------------ C1, E1, A1 (at rest)
+    def _on_path(self, path):
+        self.paths[path] = self.paths.get(path, 0) + 1
+        return self.paths[path]
+
     def after_request(self, d, res, gen):
         if res.crash is None and "C1" in self.enabled:
             self._c1(d, res, gen)
         entries = d.entries()
-        if d.prompt_cache_bytes is not None and d.lru.nbytes > d.prompt_cache_bytes:
-            self._add("E1", "bytes-limit-not-passed", "violation",
-                      f"{d.lru.nbytes} bytes held at rest in {len(entries)} entries; --prompt-cache-bytes "
-                      f"{d.prompt_cache_bytes}")
+        path = getattr(res, "path", "batched")
+        on_path = self._on_path(path)
+        if d.prompt_cache_bytes is not None:
+            held, limit = int(d.lru.nbytes), d.prompt_cache_bytes
+            w = self.e1_worst.get(path)
+            if w is None or held - limit > w["held"] - w["limit"]:
+                self.e1_worst[path] = {"held": held, "limit": limit, "entries": len(entries),
+                                       "request": self.step, "requests_on_path": on_path}
+            if held > limit:
+                cause = "bytes-limit-not-passed" if path == "batched" else "bytes-limit-never-applied"
+                self._add("E1", cause, "violation",
+                          f"{held} bytes held at rest in {len(entries)} entries after a request on the "
+                          f"{path} path; --prompt-cache-bytes {limit}")
         if len(entries) > d.prompt_cache_size:
             self._add("E1", "count-limit", "violation",
                       f"{len(entries)} entries at rest; --prompt-cache-size {d.prompt_cache_size}")
+        n_main = len(d.model.layers) if entries else 0
         for key, e in entries.items():                    # S2: an entry's layers rest at its end
             off = [(i, o) for i, o in enumerate(e.offsets) if o >= 0 and o != len(key)]
             if off:
-                self._add("S2", "entry-not-at-its-end", "violation",
+                kinds = {e.kinds[i] for i, _ in off}
+                cause = ("draft-behind" if all(i >= n_main for i, _ in off) else
+                         "trim-partial-stored" if kinds == {"ChunkedKVCache"} else "entry-not-at-its-end")
+                self._add("S2", cause, "violation",
                           f"an entry of {len(key)} tokens holds layers at offsets "
-                          + ", ".join(f"{o} (layer {i})" for i, o in off))
+                          + ", ".join(f"{o} (layer {i}{' of the draft model' if i >= n_main else ''}: "
+                                      f"{e.kinds[i]})" for i, o in off))
         held = sum(e.held for e in entries.values())
         if held != d.lru.nbytes:
             self._add("A1", "counter-drift", "violation", f"counter {d.lru.nbytes} != bytes held {held}")
@@ -315,13 +361,14 @@ class Checker:
         full (ChunkedKVCache past its chunk window) has no exact replay: the schedule is then cut at
         the trimmed length and judged within tolerance()."""
         model = d.model
-        inexact = inexact_kinds(d)
+        inexact = inexact_kinds(d, res.path)
         worst = None
         for bi, base in enumerate(res.bases):
-            ops = base + [("fwd", t) for t in res.own]
+            ops = base + own_ops(res.count, res.own)
             ref, exact = replay(model, ops)
             if not exact:
-                ref, _ = replay(model, cut_schedule(ops))
+                ops = cut_schedule(ops)
+                ref, _ = replay(model, ops)
             bound = 0.0 if exact and not inexact else tolerance(model)
             diff, step, greedy = compare(res, ref)
             if diff <= bound and greedy is None:
@@ -333,10 +380,15 @@ class Checker:
         how = ("bit-identical required" if bound == 0.0 else
                f"tolerance {bound:.3g}: " + ("; ".join(inexact) if inexact else
                                              "no exact replay: a trim no stock layer makes in full"))
-        direct = _direct_ok(model, res, ops, bound)
-        self._add("C1", "batch-differs" if direct else "restore-differs", "violation",
-                  f"step {step} after resuming at {res.count}: max |logprob - same-schedule replay| = "
-                  f"{diff:.3g} ({how})" + (f"; greedy {greedy[0]} vs replay {greedy[1]}" if greedy else ""))
+        if not exact:
+            cause = "trim-partial"
+        elif _direct_ok(model, res, ops, bound):
+            cause = "batch-differs" if res.path == "batched" else "generate-differs"
+        else:
+            cause = "restore-differs"
+        self._add("C1", cause, "violation",
+                  f"step {step} after resuming at {res.count} ({res.path} path): max |logprob - same-schedule "
+                  f"replay| = {diff:.3g} ({how})" + (f"; greedy {greedy[0]} vs replay {greedy[1]}" if greedy else ""))
 
 
 # Layer kinds whose same-schedule replay is measured NOT bit-identical on the batched path (CPU, float32,
@@ -347,10 +399,11 @@ INEXACT_BATCHED = {"RotatingKVCache": "the batched path's BatchRotatingKVCache o
                                       "(measured 1.9e-6 on gemma3, CPU float32)"}
 
 
-def inexact_kinds(d) -> list:
-    """Why C1 cannot be judged bit for bit on `d`'s model and path ([] when it can)."""
+def inexact_kinds(d, path: str = "batched") -> list:
+    """Why C1 cannot be judged bit for bit on `d`'s model and `path` ([] when it can). The sequential
+    path runs the stock caches themselves: its replay is exact for every kind."""
     from mlx_lm.models.cache import make_prompt_cache
-    table = INEXACT_BATCHED if getattr(d, "path", "batched") == "batched" else {}
+    table = INEXACT_BATCHED if path == "batched" else {}
     kinds = set()
     for c in make_prompt_cache(d.model):
         kinds |= {type(x).__name__ for x in getattr(c, "caches", (c,))}
@@ -358,13 +411,15 @@ def inexact_kinds(d) -> list:
 
 
 def replay(model, ops):
-    """Fresh stock caches (make_prompt_cache) fed `ops` in order: ("fwd", tokens) one forward,
-    ("trim", n) every layer back by n. (logprobs at the last position of every forward, by position;
+    """Fresh stock caches (make_prompt_cache) fed `ops` in order: ("fwd", tokens[, quantized layers])
+    one forward (the listed layers first turned into QuantizedKVCache, as --kv-bits did in the server),
+    ("trim", n) every layer back by n. (logprobs at every position of every forward, by position;
     exact) -- exact False when some layer could not go back by the full n (the result is then not
     the state the schedule describes)."""
     from mlx_lm.models.cache import make_prompt_cache
     cache, outs, pos, exact = make_prompt_cache(model), {}, 0, True
-    for kind, arg in ops:
+    for op in ops:
+        kind, arg = op[0], op[1]
         if kind == "trim":
             if arg:
                 for c in cache:
@@ -372,16 +427,22 @@ def replay(model, ops):
                         exact = False
                 pos -= arg
             continue
-        logits = model(mx.array([list(arg)]), cache=cache)[0, -1]
+        for i, group_size, bits in (op[2] if len(op) > 2 else ()):
+            if type(cache[i]).__name__ != "QuantizedKVCache":
+                cache[i] = cache[i].to_quantized(group_size=group_size, bits=bits)
+        logits = model(mx.array([list(arg)]), cache=cache)[0]
+        lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        for j in range(len(arg)):
+            outs[pos + j] = lp[j]
         pos += len(arg)
-        outs[pos - 1] = logits - mx.logsumexp(logits)
     return outs, exact
 
 
 def cut_schedule(ops) -> list:
     """`ops` with every trim applied to the forwards themselves: the chunks that cover what is left."""
     chunks = []
-    for kind, arg in ops:
+    for op in ops:
+        kind, arg = op[0], op[1]
         if kind == "fwd":
             chunks.append(list(arg))
             continue
@@ -417,10 +478,19 @@ def _direct_ok(model, res, ops, bound) -> bool:
     import copy
     if res.fetched is None:
         return True
+    from targets.mlx_lm.adapter import own_ops
     cache, outs, pos = copy.deepcopy(res.fetched), {}, res.count
-    for t in res.own:
-        logits = model(mx.array([list(t)]), cache=cache)[0, -1]
-        pos += len(t)
+    for op in own_ops(res.count, res.own):
+        if op[0] == "trim":
+            for c in cache:
+                c.trim(op[1])
+            pos -= op[1]
+            continue
+        for i, group_size, bits in op[2]:
+            if type(cache[i]).__name__ != "QuantizedKVCache":
+                cache[i] = cache[i].to_quantized(group_size=group_size, bits=bits)
+        logits = model(mx.array([list(op[1])]), cache=cache)[0, -1]
+        pos += len(op[1])
         outs[pos - 1] = logits - mx.logsumexp(logits)
     ref, _ = replay(model, ops)
     return all(k in ref and float(mx.abs(v - ref[k]).max()) <= bound for k, v in outs.items())

@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 
 from targets.mlx_lm import machine, models, rules
-from targets.mlx_lm.adapter import ServerDriver
+from targets.mlx_lm.adapter import ServerDriver, own_ops
 
 # a chain of resumes: an exact prefix hit, a hit inside a longer entry (trimmed where the caches can
 # be trimmed), a chat request with a system segment
@@ -22,7 +22,7 @@ def _worst(name):
     worst, resumed = 0.0, 0
     for prompt, gen, chat, sys_len in PROGRAM:
         res = d.request(prompt, gen, chat=chat, sys_len=sys_len)
-        ref, exact = rules.replay(d.model, res.bases[0] + [("fwd", t) for t in res.own])
+        ref, exact = rules.replay(d.model, res.bases[0] + own_ops(res.count, res.own))
         assert exact
         diff, _, greedy = rules.compare(res, ref)
         assert greedy is None
