@@ -13,12 +13,31 @@ import sys
 from pathlib import Path
 
 PACKAGES = ("spec", "impl", "serve", "fuzz", "bench", "targets", "stateful_tests")
-COMMANDS = {                     # name -> (module run as python -m, whose main(argv) we call)
-    "fuzz": "fuzz.__main__",
-    "serve": "serve.__main__",
-    "check-mlx-lm": "targets.mlx_lm.__main__",
-    "check-ollama": "targets.ollama.__main__",
-}
+
+
+def _fuzz():
+    from fuzz.__main__ import main
+    return main
+
+
+def _serve():
+    from impl.platform import reexec_with_openblas
+    from serve.__main__ import main
+    reexec_with_openblas("serve", guard="SERVE_NO_REEXEC")     # as python -m serve does (fuzz's main does it)
+    return main
+
+
+def _check_mlx_lm():
+    from targets.mlx_lm.__main__ import main
+    return main
+
+
+def _check_ollama():
+    from targets.ollama.__main__ import main
+    return main
+
+
+COMMANDS = {"fuzz": _fuzz, "serve": _serve, "check-mlx-lm": _check_mlx_lm, "check-ollama": _check_ollama}
 
 
 def shadowed(packages=PACKAGES) -> list[str]:
@@ -41,12 +60,8 @@ def _run(command: str, argv: list[str]) -> int:
               + "\n  ".join(bad) + "\ninstall prefix-trie-mlx in a virtualenv of its own (python -m venv, "
               "or pipx run)", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[command])
     sys.argv = [command, *argv]          # an entry point that re-executes itself (OpenBLAS) sees these
-    if command == "serve":               # as python -m serve does (fuzz's main does it itself)
-        from impl.platform import reexec_with_openblas
-        reexec_with_openblas("serve", guard="SERVE_NO_REEXEC")
-    return module.main(argv) or 0
+    return COMMANDS[command]()(argv) or 0
 
 
 def check_mlx_lm(argv=None) -> int:
