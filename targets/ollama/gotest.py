@@ -392,7 +392,7 @@ CHECKS = {
     "C2": "",
     "E5": "",
 }
-CHECKS["T3"] = CHECKS["P1"]
+CHECKS["T3"] = CHECKS["P1"].replace('"P1: ', '"T3: ')
 COVERAGE = """	walkNodes(pc.root, func(n *trieNode) bool {
 		for i, sn := range n.snapshots {
 			if _, kv := fakes[i].(*fakeRewindableCache); kv && sn != nil {

@@ -122,3 +122,27 @@ def test_lazy_window_captures_are_views_until_the_next_write(tmp_path):
         assert t.view().counter == 128
     finally:
         t.shutdown()
+
+
+FINDINGS = Path(__file__).resolve().parents[2] / "targets/ollama/findings/fb30760"
+
+
+def test_every_export_compiles_and_fails_as_pasted(tmp_path):
+    """Issue 50: each saved finding's Go export, pasted beside prefix_cache_test.go with the checkout's prefix
+    cache unchanged (its constant maxPagedOutBytes included), compiles, and fails with its rule's message on
+    fb30760; with OLLAMA_SRC_FIXED=1 (a copy with the seed's fixes) every one passes."""
+    from targets.ollama.build import go_test
+    from targets.ollama.gotest import export
+
+    progs = [json.loads(p.read_text()) for p in sorted(FINDINGS.glob("*.json"))]
+    tests = {f"prefixTrie{p['rule']}Found_test.go": export(p["rule"], p["ops"]) for p in progs
+             if not p["layout"].endswith("-lazy")}
+    assert len(tests) >= 11
+    result = go_test(SRC, tests, tmp_path)
+    assert sorted(result) == sorted(f"TestPrefixTrie{f[10:-13]}Found" for f in tests)
+    if os.environ.get("OLLAMA_SRC_FIXED") == "1":
+        assert all(ok for ok, _ in result.values()), result
+    else:
+        for name, (ok, msg) in result.items():
+            rule = name[len("TestPrefixTrie"):-len("Found")]
+            assert not ok and f": {rule}" in msg, (name, msg)

@@ -263,3 +263,19 @@ def test_cause_is_read_from_the_run_and_unexplained_when_no_mechanism_shows(exe,
         assert diagnose(t, "E1", ops) == "unexplained: replayed for its cause, the program does not break E1"
     finally:
         t.shutdown()
+
+
+def test_every_saved_ollama_finding_exports_a_whole_go_test():
+    """The saved fb30760 findings (targets/ollama/findings/): each non-lazy program exports a Go file with
+    every operation as code; test_ollama_checkout.py compiles and runs them on a checkout."""
+    progs = [json.loads(p.read_text()) for p in sorted((ROOT / "targets/ollama/findings/fb30760").glob("*.json"))]
+    assert {p["rule"] for p in progs} >= {"S3", "M2", "M3", "P1", "T3", "S1", "E1", "E3", "E5", "C2"}
+    for p in progs:
+        go = export(p["rule"], p["ops"])
+        if p["layout"].endswith("-lazy"):
+            assert go is None
+            continue
+        code = [l.strip() for l in go.splitlines() if l.strip() and not l.strip().startswith("//")]
+        assert sum(l.startswith(("setBudget(", "e3(")) and "setBudget(" in l for l in code) == \
+            sum(o["op"] == "set_budget" for o in p["ops"]), p["rule"]
+        assert sum("pc.begin(keys, items)" in l for l in code) == sum(o["op"] == "begin" for o in p["ops"])
