@@ -1,4 +1,4 @@
-"""python -m fuzz.calibrate --report DIR [--model M ...] [--dtype D ...]
+"""python -m fuzz.calibrate_report --report DIR [--model M ...] [--dtype D ...]
 
 For each model and dtype on this device: the calibrated C1 tolerance (fuzz/calibrate.py) and every
 planted wrong state of fuzz/planted.py, its divergence from the cold run and its margin over the
@@ -6,7 +6,10 @@ tolerance. Writes DIR/calibration.md and DIR/calibration.json; exit 1 if a plant
 by none of the oracles.
 
 A planted state is flagged
-  - by the logits, when max |logits - cold| >= MARGIN x tol (MARGIN = 5: a wide, measured margin);
+  - by the exact oracle, where same-schedule replays are bit-identical here (fuzz/replay.py): its
+    logits or greedy tokens differ at all from the unplanted state built by the same forwards
+    (planted.exact_reference), or it has no legitimate schedule (a split non-causal item, M1);
+  - else by the logits, when max |logits - cold| >= MARGIN x tol (MARGIN = 5: a wide, measured margin);
   - else by the greedy tokens, when its greedy run leaves the cold run's at a step whose cold top-2
     gap is at least the calibrated tie gap (noise of at most tol per logit cannot do that);
   - else by the float32 recheck (the campaign's --recheck: the case replayed on the float32 model,
@@ -27,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from . import calibrate, planted
+from .replay import replay_is_exact
 
 MARGIN = 5.0
 
@@ -49,9 +53,13 @@ def plant_rows(lm, cal, plants=planted.PLANTS) -> list:
         else:                      # the stock cold run does not depend on the plant: computed once
             ref = cold = cold or planted.reference(lm, name, toks, r)
         dv = planted.divergence(run, ref)
+        ex = planted.exact_reference(lm, name, toks, r)
+        exact = None if ex is None else planted.divergence(run, ex)
         rows.append({"plant": name, "max": dv["max"], "rms": dv["rms"], "margin": dv["max"] / cal.tol,
                      "token_step": dv["token_step"], "token_gap": dv["gap"],
-                     "by_tokens": dv["token_step"] is not None and dv["gap"] >= cal.tie})
+                     "by_tokens": dv["token_step"] is not None and dv["gap"] >= cal.tie,
+                     "exact_diff": None if exact is None else exact["max"],
+                     "by_exact": exact is None or exact["max"] > 0 or exact["token_step"] is not None})
     return rows
 
 
@@ -64,7 +72,9 @@ def float32_margins(name: str) -> tuple[dict, str]:
         return {r["plant"]: r["margin"] for r in plant_rows(lm, cal)}, calibrate.device_key()
 
 
-def verdict(row: dict, f32: dict | None) -> str:
+def verdict(row: dict, f32: dict | None, exact: bool = False) -> str:
+    if exact and row["by_exact"]:
+        return "exact replay"
     if row["margin"] >= MARGIN:
         return "logits"
     if row["by_tokens"]:
@@ -84,14 +94,17 @@ def run(models, dtypes) -> list:
             t0 = time.perf_counter()
             lm = load(name, dtype)
             cal = calibrate.calibration(lm)
+            exact = replay_is_exact(lm)
             rows = plant_rows(lm, cal)
-            weak = any(r["margin"] < MARGIN and not r["by_tokens"] for r in rows)
+            weak = not exact and any(r["margin"] < MARGIN and not r["by_tokens"] for r in rows)
             f32, f32_dev = (float32_margins(name) if weak and (dtype != "float32" or "+tf32" in cal.device)
                             else (None, None))
             for r in rows:
                 r["f32_margin"] = None if f32 is None else f32.get(r["plant"])
-                r["verdict"] = verdict(r, f32)
+                r["verdict"] = verdict(r, f32, exact)
+                r["calibrated_verdict"] = verdict(r, f32)
             out.append({"model": name, "dtype": dtype, "device": cal.device, "recheck_device": f32_dev,
+                        "exact": exact, "new_platform": calibrate.announce(cal),
                         "calibration": cal.as_dict(), "plants": rows, "seconds": round(time.perf_counter() - t0, 1)})
             print(f"{name} {dtype} {cal.device}: noise {cal.noise:.3g} tol {cal.tol:.3g} | " + " | ".join(
                 f"{r['plant']} {r['max']:.3g} ({r['margin']:.1f}x, {r['verdict']})" for r in rows), flush=True)
@@ -104,22 +117,26 @@ def markdown(res: list) -> str:
              f"({calibrate.K_TF32:g} under TF32); flagged by the "
              f"logits at >= {MARGIN:g} x tol, else by greedy tokens at a non-tie step, else by the float32 "
              "recheck (fuzz/calibrate_report.py).", "",
-             "| model | device | dtype | noise | tol | plant | max abs diff | margin (x tol) | greedy diverges at "
-             "| float32 recheck margin | flagged by |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | device | dtype | replay exact | noise (N, conf.) | tol | plant | max abs diff | margin (x tol) "
+             "| greedy diverges at | float32 recheck margin | vs same schedule | flagged by | by the tolerance alone |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in res:
         c = e["calibration"]
         for r in e["plants"]:
             step = "-" if r["token_step"] is None else f"{r['token_step']} (gap {r['token_gap']:.2g})"
             f32 = "-" if r["f32_margin"] is None else f"{r['f32_margin']:.0f}x ({e['recheck_device']})"
-            lines.append(f"| {e['model']} | {e['device']} | {e['dtype']} | {c['noise']:.2g} | {c['tol']:.2g} | "
-                         f"{r['plant']} | {r['max']:.3g} | {r['margin']:.1f} | {step} | {f32} | {r['verdict']} |")
-    return "\n".join(lines) + "\n"
+            ex = "no schedule (M1)" if r["exact_diff"] is None else f"{r['exact_diff']:.3g}"
+            lines.append(f"| {e['model']} | {e['device']} | {e['dtype']} | {'yes' if e['exact'] else 'no'} | "
+                         f"{c['noise']:.2g} ({c['samples']}, {c['confidence']:.2f}) | {c['tol']:.2g} | "
+                         f"{r['plant']} | {r['max']:.3g} | {r['margin']:.1f} | {step} | {f32} | {ex} | "
+                         f"{r['verdict']} | {r['calibrated_verdict']} |")
+    notes = [e["new_platform"] for e in res if e.get("new_platform")]
+    return "\n".join(lines + [""] + [f"**{n}**" for n in notes]) + "\n"
 
 
 def main(argv=None) -> int:
     from impl.models import DTYPES, MODEL_NAMES
-    p = argparse.ArgumentParser(prog="python -m fuzz.calibrate")
+    p = argparse.ArgumentParser(prog="python -m fuzz.calibrate_report")
     p.add_argument("--report", type=Path, default=Path("reports"))
     p.add_argument("--model", action="append", choices=MODEL_NAMES)
     p.add_argument("--dtype", action="append", choices=DTYPES)

@@ -13,8 +13,17 @@ evaluated on top of it, as after a resume):
   recurrent_off   recurrent layers hold their state from r-1 (a whole-state snapshot from the wrong
                   offset, S2/S3)
   media_split     a non-causal media item evaluated in two forwards (M1), on the engine's forward
+  one_row         one K/V row of one full-attention layer (the last before r) written in another
+                  conversation: the same token at that position, another first token (a node
+                  boundary off by one onto a sibling branch); its effect on the logits is of the
+                  order of the chunking noise, below the calibrated tolerance on some models
 A plant that does not apply to a model (no layer of that kind; media_split without attention) is
 skipped.
+
+Where same-schedule replays are exact (fuzz/replay.py), C1 compares a plant with the unplanted
+state built by the same forwards (`exact_reference`): any difference at all flags it. A split media
+item has no legitimate schedule to replay (the replayer refuses a forward cut inside a non-causal
+item, M1), so the exact oracle flags it whatever its effect.
 """
 from __future__ import annotations
 
@@ -23,7 +32,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-PLANTS = ("shift", "other_conv", "stale_window", "recurrent_off", "media_split")
+PLANTS = ("shift", "other_conv", "stale_window", "recurrent_off", "media_split", "one_row")
 GREEDY = 4
 
 
@@ -110,9 +119,28 @@ def plant(lm, name: str, toks, r: int, k: int = GREEDY) -> Run | None:
         for c, s, kind in zip(caches, stale, kinds):
             if kind == "recurrent":
                 c.cache = [_copy(a) for a in s.cache]
+    elif name == "one_row":
+        if "kv" not in kinds:
+            return None
+        other = [toks[0] % (lm.vocab_size - 1) + 1] + list(toks[1:r])
+        theirs = state_at(lm, other, r)
+        i = kinds.index("kv")
+        c, t = caches[i], theirs[i]
+        keys, values = _copy(c.keys[..., :r, :]), _copy(c.values[..., :r, :])
+        keys[..., r - 1:r, :] = t.keys[..., r - 1:r, :]
+        values[..., r - 1:r, :] = t.values[..., r - 1:r, :]
+        c.state = (keys, values, r)
     else:
         raise KeyError(name)
     return finish(_stock_step(lm, caches), toks, r, k)
+
+
+def exact_reference(lm, name: str, toks, r: int, k: int = GREEDY) -> Run | None:
+    """The unplanted state built by the plant's own forwards (toks[:r] in one, then the rest as the
+    plant runs them); None for media_split, whose split schedule no legitimate replay runs (M1)."""
+    if name == "media_split":
+        return None
+    return finish(_stock_step(lm, state_at(lm, toks, r)), toks, r, k)
 
 
 def _media(lm, toks, r, k, split: bool) -> Run:

@@ -9,10 +9,14 @@ costs. After every request:
   - the trie of impl equals the spec's (shape, offsets, user flags, clock,
     which layers hold snapshots over which range, lazy flags, bytes);
   - every spec rule holds on the spec, every impl assertion on impl;
-  - C1: the first decode logits and the greedy tokens equal a cold run with
-    mlx-lm's own stock caches (text prompts) or a fresh engine (media), unless
-    the cold path cut where this request's forwards were cut reproduces ours
-    and itself differs from one forward (fuzz.oracle.chunking_tie).
+  - C1, exactly where same-schedule replays are bit-identical (fuzz/replay.py):
+    the first decode logits equal, bit for bit, a cold replay on mlx-lm's stock
+    caches of forwards that wrote the restored prefix plus this request's own,
+    and the greedy tokens are that replay's argmax. Elsewhere the first logits
+    and greedy tokens equal a cold run with stock caches (text) or a fresh
+    engine (media) within the calibrated tolerance, unless the cold path cut
+    where this request's forwards were cut reproduces ours and itself differs
+    from one forward (fuzz.cold.chunking_tie).
 CI runs the hybrid model (qwen3next); the nightly profile adds SmolLM2.
 """
 from __future__ import annotations
@@ -27,7 +31,8 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initial
 from mlx_lm.models.cache import make_prompt_cache
 
 from fuzz.calibrate import tolerance
-from fuzz.oracle import chunking_tie
+from fuzz.cold import chunking_tie
+from fuzz.replay import Replay, replay_is_exact
 from impl.engine import Engine
 import impl.media
 from impl.models import load
@@ -87,6 +92,8 @@ class ModelMachine(RuleBasedStateMachine):
         self.layers = spec_layers(self.engine)
         self.spec = SpecCache(self.layers, interval=INTERVAL, near_end=NEAR_END, chunk=CHUNK)
         self.cold_cache: dict = {}
+        self.exact = replay_is_exact(self.lm)
+        self.replay = Replay(self.lm)
 
     conversations = Bundle("conversations")
 
@@ -107,7 +114,10 @@ class ModelMachine(RuleBasedStateMachine):
             for t in r.tokens[:-1]:
                 self.spec.step(t)
         self.spec.close()
-        if done and max_tokens > 0 and len(r.tokens) == max_tokens:
+        if self.exact:
+            v = self.replay.judge(tokens, list(media), r)
+            assert v.ok, f"{v.signature}: {v.message}"
+        elif done and max_tokens > 0 and len(r.tokens) == max_tokens:
             self.check_c1(tokens, media, r)
         return r
 

@@ -6,12 +6,13 @@ segments, optional divergent writes or a free() that materialise the lazy views,
 either the same or a fresh cache set, the logits of the next forward must equal those of a cold
 prefill through mlx-lm's stock caches, and greedy continuations must match.
 
-Tolerance: a restored state was built by different forward chunkings than the one-shot cold
-prefill, so matmul/scan reduction orders differ (float32 on the CPU: ~1e-5 on logits of magnitude
-~10; mamba2's chunked scan ~2e-6, PLATFORM.md). The bound is the C1 tolerance calibrated for the
-model on this device and dtype (fuzz/calibrate.py). Greedy tokens must match exactly unless the cold
-top-2 margin at the first divergence is below the calibrated tie gap (a float tie, which no
-tolerance can order).
+Exact where the same-schedule replay is (REFERENCE C1; fuzz/replay.py measures it per model, device
+and dtype): the cold run forwards the same chunks the state was built by, on stock caches, trims to
+the target and forwards the next token; the logits must be bit-identical and the greedy tokens equal.
+Elsewhere a restored state built by other chunkings than a one-shot cold prefill differs in rounding,
+and the bound is the C1 tolerance calibrated for the model on this device and dtype
+(fuzz/calibrate.py); greedy tokens must then match unless the cold top-2 margin at the first
+divergence is below the calibrated tie gap (a float tie, which no tolerance can order).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fuzz.calibrate import tie_gap, tolerance
+from fuzz.replay import Fwd, Replayer, Source, Step, replay_is_exact
 from impl.caches import forward, live_snapshots, make_layer_caches
 
 # C1 bound and tie gap: calibrated per model, device and dtype (fuzz/calibrate.py)
@@ -65,6 +67,8 @@ def test_restore_equals_cold_prefill(name, models, oracle):
     lm = models[name]
     model = lm.model
     whole_state = any(k in ("windowed", "recurrent") for k in lm.layer_kinds)
+    exact = replay_is_exact(lm)
+    replayer = Replayer(lm)
     max_len = 20 if name == "smollm2" else 40
 
     @settings(max_examples=_examples(name))
@@ -155,14 +159,26 @@ def test_restore_equals_cold_prefill(name, models, oracle):
                 assert c.offset == T
 
             ours = forward(model, stream[T : T + 1], target)[0, -1]
-            cold, stock = oracle.cold_logits(model, stream[: T + 1])
-            diff = float(mx.abs(ours - cold).max().item())
-            MAX_DIFF[name] = max(MAX_DIFF.get(name, 0.0), diff)
-            assert diff <= tolerance(lm), f"{name}: restored vs cold logits differ by {diff}"
             k = 3
-            cold_toks, cold_seq = _greedy_stock_with_logits(model, stock, cold, k)
-            our_toks = oracle.greedy_ours(model, target, ours, k)
-            _greedy_match(our_toks, cold_toks, cold_seq, tie_gap(lm))
+            if exact:            # the same chunks on stock caches, trimmed to T: bit-identical
+                src = Source(tuple(stream), (), tuple(stream))
+                built = Fwd(None, 0, tuple(Step(a, b, src) for a, b in zip(bounds, bounds[1:])))
+                stock = replayer.state_at(built, T)
+                cold = replayer.step(stock, T, Step(T, T + 1, src))
+                diff = float(mx.abs(ours.astype(mx.float32) - cold).max().item())
+                MAX_DIFF[name] = max(MAX_DIFF.get(name, 0.0), diff)
+                assert mx.array_equal(ours.astype(mx.float32), cold).item(), \
+                    f"{name}: restored vs same-schedule cold logits differ by {diff} (exact C1)"
+                cold_toks, _ = _greedy_stock_with_logits(model, stock, cold, k)
+                assert oracle.greedy_ours(model, target, ours, k) == cold_toks, "greedy tokens (exact C1)"
+            else:
+                cold, stock = oracle.cold_logits(model, stream[: T + 1])
+                diff = float(mx.abs(ours - cold).max().item())
+                MAX_DIFF[name] = max(MAX_DIFF.get(name, 0.0), diff)
+                assert diff <= tolerance(lm), f"{name}: restored vs cold logits differ by {diff}"
+                cold_toks, cold_seq = _greedy_stock_with_logits(model, stock, cold, k)
+                our_toks = oracle.greedy_ours(model, target, ours, k)
+                _greedy_match(our_toks, cold_toks, cold_seq, tie_gap(lm))
         finally:
             _close_all(snaps)
             for c in caches:
