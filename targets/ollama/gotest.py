@@ -287,13 +287,7 @@ E1 = """	// E1: at rest, paged-out bytes stay within the budget unless every nod
 	}
 """
 
-E3 = """	// E3: eviction takes the least recently used node first (ties: deeper, then larger). Around each
-	// operation: no node it evicted was ahead, in that order, of an evictable node that survived it.
-	type e3node struct {
-		used, bytes     int64
-		start, end      int
-		evictable, leaf bool
-	}
+KEYOF = """	// keyOf: a node's identity, the keys from the root to its end.
 	keyOf := func(n *trieNode) string {
 		var parts []string
 		for m := n; m != nil; m = m.parent {
@@ -308,6 +302,15 @@ E3 = """	// E3: eviction takes the least recently used node first (ties: deeper,
 			out += parts[i]
 		}
 		return out
+	}
+"""
+
+E3 = """	// E3: eviction takes the least recently used node first (ties: deeper, then larger). Around each
+	// operation: no node it evicted was ahead, in that order, of an evictable node that survived it.
+	type e3node struct {
+		used, bytes     int64
+		start, end      int
+		evictable, leaf bool
 	}
 	e3state := func() (map[string]e3node, string, int) {
 		nodes := map[string]e3node{}
@@ -365,6 +368,72 @@ E3 = """	// E3: eviction takes the least recently used node first (ties: deeper,
 	}
 """
 
+S4 = """	// S4: a node split out of an existing edge gets KV halves: around each operation, every node it
+	// split (same keys, later start) holds the rest of each KV snapshot the edge had, and the head the
+	// first part.
+	type s4node struct {
+		start, end int
+		kv         map[int][]int32
+	}
+	s4state := func() map[string]s4node {
+		out := map[string]s4node{}
+		walkNodes(pc.root, func(n *trieNode) bool {
+			kv := map[int][]int32{}
+			for i, sn := range n.snapshots {
+				if f, ok := sn.(*fakeSnapshot); ok && f != nil && kinds[i] == "kv" {
+					kv[i] = append([]int32(nil), f.tokens...)
+				}
+			}
+			out[keyOf(n)] = s4node{n.startOffset(), n.endOffset, kv}
+			return true
+		})
+		return out
+	}
+	same := func(a []int32, b []int32, ok bool) bool {
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for i := range a {
+			if a[i] != b[i] {
+				return false
+			}
+		}
+		return true
+	}
+	s4 := func(at string, _ bool, run func()) {
+		before := s4state()
+		run()
+		after := s4state()
+		for k, b := range before {
+			tail, ok := after[k]
+			if k == "" || !ok || tail.start <= b.start {
+				continue
+			}
+			var head s4node
+			found := false
+			for hk, h := range after {
+				if h.start == b.start && h.end == tail.start && len(hk) < len(k) && k[:len(hk)] == hk {
+					head, found = h, true
+				}
+			}
+			if !found {
+				continue
+			}
+			for i, content := range b.kv {
+				n := min(tail.start-b.start, len(content))
+				got, ok := head.kv[i]
+				if !same(got, content[:n], ok) {
+					fail("S4 at %s: layer %d head [%d,%d) is not its half of the split KV snapshot", at, i, head.start, head.end)
+				}
+				got, ok = tail.kv[i]
+				if !same(got, content[n:], ok) {
+					fail("S4 at %s: layer %d tail [%d,%d) is not its half of the split KV snapshot", at, i, tail.start, tail.end)
+				}
+			}
+		}
+	}
+"""
+
 CHECKS = {
     "S3": """	if f := pc.activePath[len(pc.activePath)-1]; !hasAllSnapshots(f, pc.caches) {
 		fail("S3: frontier [%d,%d) misses a layer after close", f.startOffset(), f.endOffset)
@@ -389,6 +458,7 @@ CHECKS = {
 	}""",
     "E1": "",
     "E3": "",
+    "S4": "",
     "C2": "",
     "E5": "",
 }
@@ -447,14 +517,15 @@ def export(rule: str, ops: list, name: str | None = None) -> str | None:
         body.append(DEEPEST)
     if rule == "E1":
         body.append(E1)
-    if rule == "E3":
-        body.append(E3)
-    e3 = rule == "E3"
+    if rule in ("E3", "S4"):
+        body.append(KEYOF)
+        body.append(E3 if rule == "E3" else S4)
+    around = {"E3": "e3", "S4": "s4"}.get(rule)
 
     def emit(stmt: str, label: str, growing: bool = False) -> None:
-        """One operation; E3 is judged around it."""
-        if e3:
-            body.append(f"\te3({_go_str(label)}, {str(growing).lower()}, func() {{ {stmt.strip()} }})")
+        """One operation; E3 and S4 are judged around it."""
+        if around:
+            body.append(f"\t{around}({_go_str(label)}, {str(growing).lower()}, func() {{ {stmt.strip()} }})")
         else:
             body.append(stmt)
 

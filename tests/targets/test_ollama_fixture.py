@@ -276,6 +276,6 @@ def test_every_saved_ollama_finding_exports_a_whole_go_test():
             assert go is None
             continue
         code = [l.strip() for l in go.splitlines() if l.strip() and not l.strip().startswith("//")]
-        assert sum(l.startswith(("setBudget(", "e3(")) and "setBudget(" in l for l in code) == \
+        assert sum(l.startswith(("setBudget(", "e3(", "s4(")) and "setBudget(" in l for l in code) == \
             sum(o["op"] == "set_budget" for o in p["ops"]), p["rule"]
         assert sum("pc.begin(keys, items)" in l for l in code) == sum(o["op"] == "begin" for o in p["ops"])
