@@ -1,6 +1,8 @@
 """`./dev check-mlx-lm [--minutes N] [--report DIR] [--models a,b] [--lru FILE.py:FACTORY] [--save]`
 `python -m targets.mlx_lm replay` (saved findings on the installed mlx-lm) and
 `python -m targets.mlx_lm render DIR` (report.md and scripts again from DIR/report.json).
+`python -m targets.mlx_lm onefix [--dir D]` (every saved finding's script against a copy of mlx-lm per
+bug with only that bug fixed: targets/mlx_lm/onefix.py; exit 1 when the table is not the identity).
 
 check: hunts distinct rule violations from scratch for N minutes (default 10), writes the report
 (report.md, report.json, programs/<RULE>-<cause>.json and _repro.py per violation) to DIR (default
@@ -70,7 +72,8 @@ def check(args) -> int:
             "steps_per_s_overall": machine.STATS["steps"] / max(seconds, 1e-9),
             "command": "./dev check-mlx-lm " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "./dev check-mlx-lm",
             "lru": args.lru or "mlx_lm.models.cache:LRUPromptCache",
-            "models": [r for r in report.model_rows() if r["name"] in names]}
+            "models": [r for r in report.model_rows() if r["name"] in names],
+            "e1_worst": machine.E1_WORST, "paths": machine.PATHS}
     out = report.write(Path(args.report), found, machine.POLICY, meta, version)
     if args.save:
         for f in found:
@@ -99,6 +102,11 @@ def render(args) -> int:
     return 0
 
 
+def onefix(args) -> int:
+    from targets.mlx_lm.onefix import main as run
+    return run(args.dir)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="check-mlx-lm")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -111,12 +119,14 @@ def main(argv=None) -> int:
     sub.add_parser("replay")
     r = sub.add_parser("render")
     r.add_argument("dir")
+    o = sub.add_parser("onefix")
+    o.add_argument("--dir", default="/tmp/mlx-lm-onefix")
     args = ap.parse_args(argv)
     why = _unsupported()
     if why:
         print(f"check-mlx-lm: {why}", file=sys.stderr)
         return 2
-    return {"check": check, "replay": replay, "render": render}[args.cmd](args)
+    return {"check": check, "replay": replay, "render": render, "onefix": onefix}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -181,7 +181,13 @@ class ServerDriver:
         """The forwards (and trims) that built the stored entry `key`: [("fwd", tokens) | ("trim", n)]."""
         res, n = self.schedules[tuple(key)]
         own = res.own if res.own is not self.recorder.log else list(self.recorder.log)
-        return res.bases[res.base_index] + own_ops(res.count, own[:n])
+        ops = res.bases[res.base_index] + own_ops(res.count, own[:n])
+        pos = sum(len(op[1]) if op[0] == "fwd" else -op[1] for op in ops)
+        if pos < len(key):               # the forwards stop short of the key: a correct entry holds the
+            ops.append(("fwd", tuple(key[pos:]), ()))    # rest too (a cold run would have computed it)
+        elif pos > len(key):
+            ops.append(("trim", pos - len(key)))
+        return ops
 
     def _served(self, prompt: list, count: int, before: dict) -> tuple:
         """The entries the fetch may have served `count` tokens from, judged from the outcome alone (so
@@ -411,14 +417,15 @@ _TOK = None
 
 def own_ops(start: int, log) -> list:
     """A request's recorded forwards as schedule ops from position `start`: ("fwd", tokens, quantized
-    layers), with ("trim", n) where a forward starts n positions before the last one ended (a rewind)."""
-    ops, pos = [], start
+    layers), with ("trim", n) where a later forward starts n positions before the last one ended (a
+    rewind: speculative decoding). The first starts at `start`: a fetched cache resting elsewhere is
+    a wrong restore, which the replay must not copy."""
+    ops, end = [], None                  # end: where the server's previous forward left its cache
     for _, tokens, offset, quant in log:
-        if offset is not None and offset < pos:
-            ops.append(("trim", pos - offset))
-            pos = offset
+        if end is not None and offset is not None and offset < end:     # the first starts at `start`,
+            ops.append(("trim", end - offset))                          # whatever the cache says
         ops.append(("fwd", tokens, quant))
-        pos += len(tokens)
+        end = (offset if offset is not None else (end or 0)) + len(tokens)
     return ops
 
 

@@ -1,14 +1,16 @@
 """A finding as a standalone script a maintainer can paste into an mlx-lm issue.
 
 Invariants of every exported script:
-- it imports only mlx and mlx-lm's public API (`mlx_lm.models.<arch>`, `mlx_lm.models.cache`,
-  `mlx_lm.generate.BatchGenerator`), builds one of mlx-lm's model classes small from a literal config,
-  and serves the finding's requests with mlx_lm.server's calls (batched path);
-- it learns what the cache holds only through public calls: `fetch_nearest_cache(key, k)` returns an
-  empty remainder exactly when `k` is stored (a fetch changes nothing in the cache), `nbytes`, and
-  `can_trim_prompt_cache` on the caches it inserted;
+- it imports only mlx and mlx-lm (`mlx_lm.models.<arch>`, `mlx_lm.models.cache`, `mlx_lm.generate`,
+  `mlx_lm.server` for server.run's construction of the cache), builds mlx-lm's model classes small
+  from literal configs, and serves the finding's requests with mlx_lm.server's calls, on the path the
+  server chooses for each (batched, or _serve_single's);
+- it tests ONE bug: the check is its cause's (CHECKS), and it reads the state it judges directly --
+  the entries from the cache's trie (LRUPromptCache._trie), the fetched cache's layer offsets --
+  never inferring it from another behaviour a fix may change (an exact hit's empty remainder);
 - it raises AssertionError naming the rule when the violation happens (on the version it was found
-  on), and prints "no violation" and exits 0 when it does not (fixed).
+  on), and prints "no violation" and exits 0 when it does not (fixed). docs/peers.md's one-bug table:
+  each hand-fixed copy of mlx-lm makes its own finding's script pass and leaves the others failing.
 """
 from __future__ import annotations
 
@@ -24,46 +26,175 @@ Responsible: {module}.{function}, line {line}:
     {text}
 {why}
 
-The calls below are mlx_lm.server's for sequential requests on the batched path
-(ResponseGenerator._generate): fetch_nearest_cache, BatchGenerator.insert_segments, insert_cache at
-each end of segment and at the finish{trim_note}. Generated tokens are forced by the sampler.
+The calls below are mlx_lm.server's, request after request, on the path the server chooses
+(ResponseGenerator._generate): batched (fetch_nearest_cache, BatchGenerator.insert_segments, trim_to
+when --prompt-cache-bytes is set, insert_cache at each end of segment and at the finish) unless the
+request has a seed, --kv-bits is set, a draft model is loaded or the caches cannot merge; then
+_serve_single run by calling the server's own ResponseGenerator._serve_single (greedy, the server's default). The
+cache is built by server.run's own statement, read from the installed mlx_lm/server.py. On the
+batched path generated tokens are forced by the sampler. What the cache holds is read from its trie directly
+(LRUPromptCache._trie), never inferred from how it answers a fetch.
 Found and shrunk by prefix-trie-mlx (targets/mlx_lm).
 """
+import ast
+import inspect
+import queue
+from types import SimpleNamespace
+
 import mlx.core as mx
+import mlx_lm.server as server
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models import {arch} as arch
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, make_prompt_cache
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+
+def build(config, seed):
+    import importlib
+    arch = importlib.import_module("mlx_lm.models." + config["model_type"])
+    mx.random.seed(seed)
+    m = arch.Model(arch.ModelArgs.from_dict(config))
+    m.set_dtype(mx.float32)
+    mx.eval(m.parameters())
+    return m
+
 
 CONFIG = {config}
-mx.random.seed({seed})
-model = arch.Model(arch.ModelArgs.from_dict(CONFIG))
-model.set_dtype(mx.float32)
-mx.eval(model.parameters())
+model = build(CONFIG, {seed})
+DRAFT_CONFIG = {draft_config}
+draft_model = None if DRAFT_CONFIG is None else build(DRAFT_CONFIG, {seed})
 
 KEY = ("default_model", None, None)
 SIZE, LIMIT = {size}, {limit}          # --prompt-cache-size, --prompt-cache-bytes
-lru = LRUPromptCache(SIZE)             # as mlx_lm.server.run builds it
-bg = BatchGenerator(model, completion_batch_size=32, prefill_batch_size=8, prefill_step_size=2048)
-inserted = {{}}                         # key -> (caches, segment type), every insert_cache call made
+KV_BITS, QUANTIZED_KV_START = {kv_bits}, {qstart}       # --kv-bits, --quantized-kv-start
+
+
+def server_cache():
+    """The prompt cache as server.run builds it: its own assignment, read from the installed source."""
+    tree = ast.parse(inspect.getsource(server.run).lstrip())
+    stmt = next(n for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                and any(getattr(t, "id", None) == "prompt_cache" for t in n.targets))
+    ns = {{"LRUPromptCache": LRUPromptCache, "model_provider": SimpleNamespace(cli_args=SimpleNamespace(
+        prompt_cache_size=SIZE, prompt_cache_bytes=LIMIT))}}
+    exec(compile(ast.Module([stmt], []), "server.run", "exec"), ns)
+    return ns["prompt_cache"]
+
+
+lru = server_cache()
+# ModelProvider._load: batchable when there is no draft model and every layer cache can merge
+BATCHABLE = draft_model is None and all(hasattr(c, "merge") for c in make_prompt_cache(model))
+bg = [None]
 last_used = {{}}                        # key -> clock of its last insert or serving fetch
 clock = [0]
 
 
 def stored():
-    """Keys the cache holds now, by public calls only (an exact hit leaves nothing to evaluate)."""
-    return {{k for k in inserted if lru.fetch_nearest_cache(KEY, list(k))[1] == []}}
+    """The entries the cache holds now, read from its trie: key -> CacheEntry."""
+    out, stack = {{}}, [((), lru._trie._trie.get(KEY, {{}}))]
+    while stack:
+        keys, node = stack.pop()
+        for tok, child in node.items():
+            if tok == "__value__":
+                out[keys] = child
+            else:
+                stack.append((keys + (tok,), child))
+    return out
 
 
-def insert(tokens, cache, cache_type):
-    before = stored()
-    lru.insert_cache(KEY, tokens, cache, cache_type=cache_type)
+_fetch, _insert, _trim_to = lru.fetch_nearest_cache, lru.insert_cache, lru.trim_to
+
+
+def fetch_observed(model_key, tokens):
+    """The cache's own fetch, observed: the state before it and the cache it hands out are checked."""
     clock[0] += 1
-    inserted[tuple(tokens)] = (cache, cache_type)
+    before = stored()
+    cache, rest = _fetch(model_key, tokens)
+    after_fetch(list(tokens), len(tokens) - len(rest), before, cache)
+    return cache, rest
+
+
+def insert_observed(model_key, tokens, cache, *, cache_type="assistant"):
+    before = stored()
+    _insert(model_key, tokens, cache, cache_type=cache_type)
+    clock[0] += 1
     last_used[tuple(tokens)] = clock[0]
     after_change(before, tuple(tokens))
 
 
-def serve(prompt, gen, chat=False, sys_len=0):
+def trim_to_observed(**kw):
+    before = stored()
+    _trim_to(**kw)
+    after_change(before, None)
+
+
+# observation only: each wrapper calls the cache's own method unchanged
+lru.fetch_nearest_cache, lru.insert_cache, lru.trim_to = fetch_observed, insert_observed, trim_to_observed
+
+
+class Tokenizer(TokenizerWrapper):
+    """Token ids as text; no chat template, no end-of-sequence token."""
+    _tokenizer = None
+    has_thinking = has_tool_calling = has_chat_template = False
+    tool_parser = think_start = think_end = response_initial_state = None
+    structural_markers, response_transitions = [], {{}}
+
+    def __init__(self):
+        pass
+
+    detokenizer = property(lambda self: SimpleNamespace(add_token=lambda t: None, finalize=lambda: None,
+                                                        reset=lambda: None, last_segment=""))
+    eos_token_ids = property(lambda self: set())
+
+    def encode(self, text, add_special_tokens=True):
+        return [int(t) for t in text.split()]
+
+
+def response_generator():
+    """mlx_lm.server's ResponseGenerator around this cache, its generation thread not started:
+    _serve_single is called directly, on this thread."""
+    provider = SimpleNamespace(
+        model=model, tokenizer=Tokenizer(), draft_model=draft_model, processor=None,
+        model_key=KEY, is_batchable=BATCHABLE,
+        cli_args=SimpleNamespace(prompt_cache_size=SIZE, prompt_cache_bytes=LIMIT, prefill_step_size=2048,
+                                 kv_bits=KV_BITS, kv_group_size=64, quantized_kv_start=QUANTIZED_KV_START,
+                                 num_draft_tokens=3, chat_template_args={{}}, decode_concurrency=32,
+                                 prompt_concurrency=8, pipeline=False))
+    rg = server.ResponseGenerator.__new__(server.ResponseGenerator)
+    rg.model_provider, rg.prompt_cache, rg._state_machine_cache, rg._is_distributed = provider, lru, {{}}, False
+    return rg
+
+
+rg = response_generator()
+
+
+def serve_single(prompt, max_tokens, seed):
+    """ResponseGenerator._serve_single itself (greedy, temperature 0, as the server's default)."""
+    q = queue.Queue()
+    request = server.CompletionRequest("text", " ".join(map(str, prompt)), [], None, None)
+    args = server.GenerationArguments(
+        model=server.ModelDescription(model="default_model", draft=None, adapter=None),
+        sampling=server.SamplingArguments(0.0, 1.0, 0, 0.0, 0.0, 0.0),
+        logits=server.LogitsProcessorArguments(None, 0.0, 20, 0.0, 20, 0.0, 20),
+        stop_words=[], max_tokens=max_tokens, num_draft_tokens=3, logprobs=False, top_logprobs=0,
+        seed=seed, chat_template_kwargs=None)
+    rg._serve_single((q, request, args), mx.default_stream(mx.default_device()))
+    out = []
+    while not q.empty():
+        out.append(q.get())
+    failed = [o for o in out if isinstance(o, Exception)]
+    if failed and isinstance(failed[0], AssertionError):            # a check of ours, inside the fetch
+        raise failed[0]
+    if failed:
+        print(f"request failed: {{type(failed[0]).__name__}}: {{failed[0]}}")     # the server goes on
+        return
+    after_request(prompt, [o.token for o in out if hasattr(o, "token")], None)
+
+
+def serve(prompt, gen, chat=False, sys_len=0, seed=None):
+    if not (BATCHABLE and seed is None and KV_BITS is None):        # ResponseGenerator._generate's test
+        if bg[0] is not None:                                        # drain_batch: the batch is closed
+            bg[0].close()
+            bg[0] = None
+        return serve_single(prompt, len(gen), seed)
     if not chat:
         segments, types = [list(prompt)], ["assistant"]
     else:
@@ -72,11 +203,8 @@ def serve(prompt, gen, chat=False, sys_len=0):
             segments, types = [list(prompt[:sys_len])], ["system"]
         segments.append(list(prompt[sys_len if 0 < sys_len < len(prompt) else 0:]))
         types.append("user")
-    clock[0] += 1
-    before = stored()
     cache, rest = lru.fetch_nearest_cache(KEY, list(prompt))
     count = len(prompt) - len(rest)
-    after_fetch(prompt, count, before)
     n = count
     while n > 0:
         if n >= len(segments[0]):
@@ -86,23 +214,23 @@ def serve(prompt, gen, chat=False, sys_len=0):
             segments[0] = segments[0][n:]
             break
     forced = iter(gen)
-    (uid,) = bg.insert_segments(segments=[segments], max_tokens=[len(gen)], caches=[cache],
-                                all_tokens=[list(prompt[:count])],
-                                samplers=[lambda lp: mx.array([next(forced, 0)], dtype=mx.uint32)])
+    sampler = lambda lp: mx.array([next(forced, 0)], dtype=mx.uint32)
+    if bg[0] is None:
+        bg[0] = BatchGenerator(model, completion_batch_size=32, prefill_batch_size=8, prefill_step_size=2048)
+    (uid,) = bg[0].insert_segments(segments=[segments], max_tokens=[len(gen)], caches=[cache],
+                                   all_tokens=[list(prompt[:count])], samplers=[sampler])
     if LIMIT is not None:
-        before = stored()
-        lru.trim_to(n_bytes=LIMIT - bg.prompt_cache_nbytes)
-        after_change(before, None)
+        lru.trim_to(n_bytes=LIMIT - bg[0].prompt_cache_nbytes)
     types, logprobs = types[::-1], []
     while True:
-        prompt_responses, gen_responses = bg.next()
+        prompt_responses, gen_responses = bg[0].next()
         eos = [r.uid for r in prompt_responses if r.end_of_segment and not r.end_of_prompt and types]
-        for _, (c, cache_key) in bg.extract_cache(eos).items():
-            insert(cache_key[:], c, types.pop())
+        for _, (c, cache_key) in bg[0].extract_cache(eos).items():
+            lru.insert_cache(KEY, cache_key[:], c, cache_type=types.pop())
         for r in gen_responses:
             logprobs.append(r.logprobs)
             if r.finish_reason is not None:
-                insert(r.all_tokens[:], r.prompt_cache, "assistant")
+                lru.insert_cache(KEY, r.all_tokens[:], r.prompt_cache, cache_type="assistant")
                 after_request(prompt, gen, logprobs)
                 return
 
@@ -115,111 +243,154 @@ def common(a, b):
 
 '''
 
+_NOOP = {
+    "after_fetch": "\ndef after_fetch(prompt, count, before, cache):\n    pass\n",
+    "after_change": "\ndef after_change(before, new):\n    pass\n",
+    "after_request": "\ndef after_request(prompt, gen, logprobs):\n    pass\n",
+}
+
+# One check per cause: each asserts only its own bug, on the stored state read from the trie.
 CHECKS = {
-    "C2": '''
-def after_fetch(prompt, count, before):
-    """C2: resume at the deepest offset a stored entry serves (a stored prefix as is, a trimmable entry
-    at its common prefix), never past len(prompt) - 1."""
+    "exact-hit-no-seed": {"after_fetch": """
+def after_fetch(prompt, count, before, cache):
+    \"\"\"C2: a fetch leaves at least one prompt token to evaluate.\"\"\"
+    assert count <= len(prompt) - 1, f"C2: resumed at {count} of {len(prompt)} tokens, none left to evaluate"
+"""},
+    "one-token-prefix": {"after_fetch": """
+def after_fetch(prompt, count, before, cache):
+    \"\"\"C2: a stored one-token prefix of the prompt serves that token.\"\"\"
+    if len(prompt) >= 2 and (prompt[0],) in before:
+        assert count >= 1, f"C2: the stored entry {[prompt[0]]} serves 1 token; resumed at {count}"
+"""},
+    "shallower-restore": {"after_fetch": """
+def after_fetch(prompt, count, before, cache):
+    \"\"\"C2: resume at the deepest offset some stored entry serves: a stored prefix as is, a trimmable
+    entry (anywhere in the trie) at its common prefix with the prompt. (A stored one-token prefix
+    and an exact hit are other findings' bugs, left to their scripts.)\"\"\"
     m = len(prompt) - 1
-    assert count <= m, f"C2: resumed at {count} of {len(prompt)} tokens, none left to evaluate"
-    best = max([0] + [len(k) if common(k, prompt) == len(k) <= m else
-                      (min(common(k, prompt), m) if can_trim_prompt_cache(inserted[k][0]) else 0)
-                      for k in before])
-    assert count >= best, f"C2: resumed at {count}; a stored entry serves {best}"
-
-
-def after_change(before, new):
-    pass
-
-
+    best, by = 0, None
+    for k, e in before.items():
+        r = len(k) if common(k, prompt) == len(k) <= m else (
+            min(common(k, prompt), m) if can_trim_prompt_cache(e.prompt_cache) else 0)
+        if r > best:
+            best, by = r, k
+    if count <= m and not (len(by or ()) == 1 and by == tuple(prompt[:1])):
+        assert count >= best, f"C2: resumed at {count}; the stored entry {list(by)} serves {best}"
+"""},
+    "bytes-limit-not-passed": {"after_request": """
 def after_request(prompt, gen, logprobs):
-    pass
-''',
-    "E1": '''
-def after_fetch(prompt, count, before):
-    pass
-
-
-def after_change(before, new):
-    pass
-
-
-def after_request(prompt, gen, logprobs):
-    """E1: at rest the entries hold no more than --prompt-cache-bytes."""
-    assert lru.nbytes <= LIMIT, f"E1: {lru.nbytes} bytes held at rest; --prompt-cache-bytes {LIMIT}"
-''',
-    "E3": '''
+    \"\"\"E1: at rest the entries hold no more than --prompt-cache-bytes.\"\"\"
+    held = sum(sum(c.nbytes for c in e.prompt_cache) for e in stored().values())
+    assert held <= LIMIT, f"E1: {held} bytes held at rest; --prompt-cache-bytes {LIMIT}"
+"""},
+    "fetch-not-a-use": {"after_fetch": """
 maybe_used = {}                        # key -> clock of its last possible use (ambiguous fetches too)
 
 
-def after_fetch(prompt, count, before):
-    """A fetch that serves tokens from an entry uses it. The entry is the one of length `count`, or
-    else one that agrees with the prompt on [0, count) and can be trimmed there (certain when unique)."""
+def after_fetch(prompt, count, before, cache):
+    \"\"\"A fetch that serves tokens from an entry uses it: the entry of length `count`, or else one that
+    agrees with the prompt on [0, count) and can be trimmed there (certain when unique).\"\"\"
     if count == 0:
         return
-    cands = [k for k in before if len(k) >= count and k[:count] == tuple(prompt[:count])
-             and (len(k) == count or can_trim_prompt_cache(inserted[k][0]))]
-    exact = [k for k in cands if len(k) == count]
-    cands = exact[:1] or cands
+    cands = [k for k, e in before.items() if len(k) >= count and k[:count] == tuple(prompt[:count])
+             and (len(k) == count or can_trim_prompt_cache(e.prompt_cache))]
+    cands = [k for k in cands if len(k) == count][:1] or cands
     for k in cands:
         maybe_used[k] = clock[0]
     if len(cands) == 1:
         last_used[cands[0]] = clock[0]
-
-
+""", "after_change": """
 def after_change(before, new):
-    """E3: no entry goes while an entry of its own segment type, certainly used less recently, stays."""
+    \"\"\"E3: no entry goes while an entry of its own segment type, certainly used less recently, stays.\"\"\"
     after = stored()
-    gone = before - after
-    if new is not None and can_trim_prompt_cache(inserted[new][0]):
+    gone = set(before) - set(after)
+    if new is not None and new in after and can_trim_prompt_cache(after[new].prompt_cache):
         gone = {k for k in gone if not (len(k) < len(new) and new[:len(k)] == k)}   # prefixes dropped
     hi = lambda k: max(last_used[k], maybe_used.get(k, 0))
     for g in gone:
-        older = [s for s in after - {new} if inserted[s][1] == inserted[g][1] and hi(s) < last_used[g]]
+        older = [s for s in set(after) - {new} if after[s].cache_type == before[g].cache_type
+                 and hi(s) < last_used[g]]
         assert not older, (f"E3: evicted {list(g)} (last used {last_used[g]}) before {list(older[0])} "
-                           f"(last used {hi(older[0])}), both {inserted[g][1]}")
-
-
+                           f"(last used {hi(older[0])}), both {before[g].cache_type}")
+"""},
+    "trim-partial": {"after_fetch": """
+def after_fetch(prompt, count, before, cache):
+    \"\"\"C1: the fetched cache stands at `count` in every layer (a layer still holding later tokens
+    computes the request on them).\"\"\"
+    bad = [(i, c.offset) for i, c in enumerate(cache or []) if isinstance(getattr(c, "offset", None), int)
+           and c.offset != count]
+    assert not bad, f"C1: served {count} tokens with layers at offsets " + ", ".join(
+        f"{o} (layer {i}: {type(cache[i]).__name__})" for i, o in bad)
+"""},
+    "trim-partial-stored": {"after_request": """
 def after_request(prompt, gen, logprobs):
-    pass
-''',
-    "C1": '''
-def after_fetch(prompt, count, before):
-    pass
-
-
-def after_change(before, new):
-    pass
-
-
+    \"\"\"S2: every stored entry's chunked layers rest at the end of its key.\"\"\"
+    for k, e in stored().items():
+        bad = [(i, c.offset) for i, c in enumerate(e.prompt_cache) if type(c).__name__ == "ChunkedKVCache"
+               and c.offset != len(k)]
+        assert not bad, f"S2: an entry of {len(k)} tokens holds chunked layers at offsets {bad}"
+"""},
+    "draft-behind": {"after_request": """
 def after_request(prompt, gen, logprobs):
-    """C1: the server's logprobs equal a cold prefill's at every generated step."""
+    \"\"\"S2: every stored entry's draft-model layers rest at the end of its key.\"\"\"
+    n = len(model.layers)
+    for k, e in stored().items():
+        bad = [(i, c.offset) for i, c in enumerate(e.prompt_cache[n:], n) if c.offset != len(k)]
+        assert not bad, f"S2: an entry of {len(k)} tokens holds draft layers at offsets {bad}"
+"""},
+    "speculative-key-ahead": {"after_request": """
+def after_request(prompt, gen, logprobs):
+    \"\"\"S2: every stored entry's main-model layers rest at the end of its key.\"\"\"
+    n = len(model.layers)
+    for k, e in stored().items():
+        bad = [(i, c.offset) for i, c in enumerate(e.prompt_cache[:n]) if c.offset != len(k)]
+        assert not bad, f"S2: an entry of {len(k)} tokens holds main-model layers at offsets {bad}"
+"""},
+    "entry-not-at-its-end": {"after_request": """
+def after_request(prompt, gen, logprobs):
+    \"\"\"S2: every stored entry's layers with an offset rest at the end of its key.\"\"\"
+    for k, e in stored().items():
+        bad = [(i, c.offset) for i, c in enumerate(e.prompt_cache) if isinstance(getattr(c, "offset", None), int)
+               and c.offset != len(k)]
+        assert not bad, f"S2: an entry of {len(k)} tokens holds layers at offsets {bad}"
+"""},
+    "count-limit": {"after_request": """
+def after_request(prompt, gen, logprobs):
+    \"\"\"E1: at rest no more entries than --prompt-cache-size.\"\"\"
+    assert len(stored()) <= SIZE, f"E1: {len(stored())} entries at rest; --prompt-cache-size {SIZE}"
+"""},
+    "counter-drift": {"after_request": """
+def after_request(prompt, gen, logprobs):
+    \"\"\"A1: the byte counter equals the bytes the stored entries hold.\"\"\"
+    held = sum(sum(c.nbytes for c in e.prompt_cache) for e in stored().values())
+    assert lru.nbytes == held, f"A1: nbytes {lru.nbytes} != {held} held"
+"""},
+}
+_C1_COLD = """
+def after_request(prompt, gen, logprobs):
+    \"\"\"C1: the server's logprobs equal a cold prefill's at every generated step (1e-3: far above
+    float32 noise on these tiny models).\"\"\"
+    if logprobs is None:                 # served by _serve_single: its queue carries no logprob vectors
+        return
     logits = model(mx.array([list(prompt) + list(gen[:-1])]), cache=make_prompt_cache(model))[0]
     cold = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     for i, lp in enumerate(logprobs):
         diff = float(mx.abs(lp - cold[len(prompt) - 1 + i]).max())
         assert diff <= 1e-3, f"C1: step {i}: max |logprob - cold| = {diff}"
-''',
-    "A1": '''
-def after_fetch(prompt, count, before):
-    pass
+"""
+for _c in ("restore-differs", "batch-differs", "generate-differs"):
+    CHECKS[_c] = {"after_request": _C1_COLD}
 
 
-def after_change(before, new):
-    pass
+def checks_for(cause: str) -> str:
+    own = CHECKS.get(cause, {})
+    return "".join(own.get(k, v) for k, v in _NOOP.items())
 
-
-def after_request(prompt, gen, logprobs):
-    """A1: the byte counter equals the bytes the stored entries hold."""
-    held = sum(sum(c.nbytes for c in inserted[k][0]) for k in stored())
-    assert lru.nbytes == held, f"A1: nbytes {lru.nbytes} != {held} held"
-''',
-}
 
 TAIL = '''
-REQUESTS = {requests}        # [prompt, generated tokens, chat?, system prompt length]
-for prompt, gen, chat, sys_len in REQUESTS:
-    serve(prompt, gen, chat, sys_len)
+REQUESTS = {requests}        # [prompt, generated tokens, chat?, system prompt length(, seed)]
+for op in REQUESTS:
+    serve(*op)
 print("no violation")
 '''
 
@@ -239,15 +410,16 @@ def export(finding: dict, version: str) -> str:
     c = CAUSES[finding["cause"]]
     _, line, text = quote(c)
     p = finding["program"]
-    cfg = dict(models.CONFIGS[p["model"]])
-    arch = cfg["model_type"]
-    head = HEAD.format(title=f"LRUPromptCache: {finding['rule']} violation ({finding['cause']})",
+    draft = p.get("draft")
+    head = HEAD.format(title=f"mlx_lm.server's prompt cache: {finding['rule']} violation ({finding['cause']})",
                        version=version, rule=finding["rule"], rule_text=RULE_TEXT[finding["rule"]],
                        module=c.module, function=c.function, line=line, text=text, why=_wrap(c.why),
-                       trim_note=", trim_to when --prompt-cache-bytes is set", arch=arch,
-                       config=pprint.pformat(cfg, width=100, compact=True), seed=models.SEED, size=p["prompt_cache_size"],
-                       limit=p["prompt_cache_bytes"])
-    return head + CHECKS[finding["rule"]] + TAIL.format(requests=repr(p["ops"]))
+                       config=pprint.pformat(models.CONFIGS[p["model"]], width=100, compact=True),
+                       draft_config=None if draft is None else pprint.pformat(models.CONFIGS[draft], width=100,
+                                                                               compact=True),
+                       seed=models.SEED, size=p["prompt_cache_size"], limit=p["prompt_cache_bytes"],
+                       kv_bits=p.get("kv_bits"), qstart=p.get("quantized_kv_start", 5000))
+    return head + checks_for(finding["cause"]) + TAIL.format(requests=repr(p["ops"]))
 
 
 def _wrap(s: str, width: int = 100) -> str:

@@ -24,6 +24,9 @@ ISSUES = {
     "fetch-not-a-use": "yes: #1495 (closed unfixed as non-essential), PR #1496 (closed)",
     "shallower-restore": "not found (related, not the same: #1437, #1494 on windowed trims)",
     "typed-priority": "by design (PR #906 / CacheOrder)",
+    "trim-partial": "issue 50 cites public reports closed unfixed; not searched here",
+    "speculative-key-ahead": "not searched",
+    "draft-behind": "not searched",
     "resume-behind-match": "by design (entries only at segment ends and at the finish)",
 }
 
@@ -59,9 +62,9 @@ def write(out: Path, found: list, policy: dict, meta: dict, version: str) -> Pat
              f"Run: `{meta.get('command', './dev check-mlx-lm')}` -- {meta['seconds']:.0f} s, "
              f"{meta['steps']} requests by the machine, {meta['steps_per_s']:.1f} steps/s while hunting "
              f"({meta['steps_per_s_overall']:.1f}/s over the run, shrinking included; one step = one request "
-             f"served through BatchGenerator, with its checks and the C1 cold prefill). Cache under check: "
+             f"served on the path mlx_lm.server chooses, with its checks and C1's same-schedule replay). Cache under check: "
              f"`{meta['lru']}`.", "",
-             "| model | layer caches | server path | C1 noise | planted: shifted by one | planted: a token changed |",
+             "| model | layer caches | server path (text, no seed) | C1 noise | planted: shifted by one | planted: a token changed |",
              "|---|---|---|---|---|---|"]
     for m in meta["models"]:
         lines.append(f"| {m['name']} | {', '.join(m['caches'])} | {m['path']} | {m['noise']:.1e} | "
@@ -85,6 +88,13 @@ def write(out: Path, found: list, policy: dict, meta: dict, version: str) -> Pat
                   f"flags --prompt-cache-size {r['program']['prompt_cache_size']} --prompt-cache-bytes "
                   f"{r['program']['prompt_cache_bytes']}:", "", "```", json.dumps(r["program"]["ops"]), "```",
                   f"Replayable: `programs/{name}.json`; standalone script: `programs/{name}_repro.py`."]
+    if meta.get("e1_worst"):
+        lines += ["", "## E1: the worst growth the run saw, per serving path", "",
+                  "| path | requests on it | bytes held at rest | --prompt-cache-bytes | entries | model |",
+                  "|---|---|---|---|---|---|"]
+        for path, w in sorted(meta["e1_worst"].items()):
+            lines.append(f"| {path} | {meta.get('paths', {}).get(path, '?')} | {w['held']:,} | {w['limit']:,} | "
+                         f"{w['entries']} | {w['model']} |")
     lines += ["", "## Policy differences (no rule broken)", "",
               "| kind | count | first example |", "|---|---|---|"]
     for kind, (n, example) in sorted(policy.items()):

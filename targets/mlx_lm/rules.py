@@ -111,19 +111,16 @@ CAUSES = {
                             "queue length), then the oldest of that type"),
     "bytes-limit-not-passed": Cause("E1", "mlx_lm.server", "run",
                                     "prompt_cache = LRUPromptCache(model_provider.cli_args.prompt_cache_size)",
-                                    "--prompt-cache-bytes never reaches LRUPromptCache (max_bytes stays 2**63); "
-                                    "the batched path trims only when a request is added (trim_to), so the "
-                                    "entries inserted while it runs stay over the limit at rest"),
+                                    "--prompt-cache-bytes never reaches LRUPromptCache (max_bytes stays 2**63). "
+                                    "The batched path trims only when a request is added (trim_to), so the "
+                                    "entries inserted while it runs stay over the limit at rest; the "
+                                    "sequential path (a seed, --kv-bits, a draft model, images, caches that "
+                                    "cannot merge) never trims: every request's entry stays until "
+                                    "--prompt-cache-size evicts, and the bytes held grow without bound"),
     "resume-behind-match": Cause("C2", "mlx_lm.models.cache", "LRUPromptCache.fetch_nearest_cache",
                                  "if short_length > 0:",
                                  "no checkpoint where the conversation diverged: caches that cannot be trimmed "
                                  "resume at the last stored prefix (segment ends, finished requests)"),
-    "bytes-limit-never-applied": Cause("E1", "mlx_lm.server", "ResponseGenerator._serve_single",
-                                       "self.prompt_cache.insert_cache(",
-                                       "on the sequential path (a seed, --kv-bits, a draft model, images, caches "
-                                       "that cannot merge) nothing bounds the bytes: LRUPromptCache has no "
-                                       "max_bytes (server.run) and _serve_single never calls trim_to, so every "
-                                       "request's entry stays until --prompt-cache-size evicts"),
     "trim-partial": Cause("C1", "mlx_lm.models.cache", "ChunkedKVCache.trim",
                           "n = min(self.offset - self.start_position, n)",
                           "ChunkedKVCache claims to be trimmable but trims only back to its chunk window's "
@@ -140,6 +137,12 @@ CAUSES = {
                           "of the key (speculative decoding leaves the draft behind the accepted tokens); "
                           "a later fetch trims both by the same count, so the draft resumes at the wrong "
                           "positions (slower drafting; the main model's output is unaffected)"),
+    "speculative-key-ahead": Cause("S2", "mlx_lm.server", "ResponseGenerator._serve_single",
+                                   "cache_key.append(gen.token)",
+                                   "with a draft model the key gets every emitted token, but speculative "
+                                   "decoding has not run the main model on the last one (it is fed with the "
+                                   "next step): the entry is stored one token past its cache, and a fetch "
+                                   "that serves it skips that token's forward"),
     "generate-differs": Cause("C1", "mlx_lm.generate", "generate_step",
                               "return model(input_tokens, cache=prompt_cache)",
                               "the fetched cache is right but generation from it differs from the replay"),
@@ -324,8 +327,7 @@ class Checker:
                 self.e1_worst[path] = {"held": held, "limit": limit, "entries": len(entries),
                                        "request": self.step, "requests_on_path": on_path}
             if held > limit:
-                cause = "bytes-limit-not-passed" if path == "batched" else "bytes-limit-never-applied"
-                self._add("E1", cause, "violation",
+                self._add("E1", "bytes-limit-not-passed", "violation",
                           f"{held} bytes held at rest in {len(entries)} entries after a request on the "
                           f"{path} path; --prompt-cache-bytes {limit}")
         if len(entries) > d.prompt_cache_size:
@@ -337,7 +339,8 @@ class Checker:
             if off:
                 kinds = {e.kinds[i] for i, _ in off}
                 cause = ("draft-behind" if all(i >= n_main for i, _ in off) else
-                         "trim-partial-stored" if kinds == {"ChunkedKVCache"} else "entry-not-at-its-end")
+                         "trim-partial-stored" if kinds == {"ChunkedKVCache"} else
+                         "speculative-key-ahead" if d.draft_model is not None else "entry-not-at-its-end")
                 self._add("S2", cause, "violation",
                           f"an entry of {len(key)} tokens holds layers at offsets "
                           + ", ".join(f"{o} (layer {i}{' of the draft model' if i >= n_main else ''}: "
