@@ -223,7 +223,7 @@ class Runner:
 
         # C1
         if self.exact:
-            v = self.replay.judge(tokens, media, r, first)
+            v = self.replay.judge(tokens, media, r, first, engine=eng)
             if v.judged:
                 rec.checks += 2
                 rec.max_diff = v.diff

@@ -115,7 +115,7 @@ class ModelMachine(RuleBasedStateMachine):
                 self.spec.step(t)
         self.spec.close()
         if self.exact:
-            v = self.replay.judge(tokens, list(media), r)
+            v = self.replay.judge(tokens, list(media), r, engine=self.engine)
             assert v.ok, f"{v.signature}: {v.message}"
         elif done and max_tokens > 0 and len(r.tokens) == max_tokens:
             self.check_c1(tokens, media, r)

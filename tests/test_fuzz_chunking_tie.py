@@ -6,7 +6,9 @@ Engine's own forwards), cut where the request's forwards were cut, agrees with o
 differs from the one-forward cold run by more than tol. Where no cut moves the cold run by tol, a
 planted error stays a failure; on deepseek_v32's recorded case
 (fuzz/corpus/found-deepseek-v32-topk-chunking-tie.json, replayed by test_fuzz_corpus) it is a tie, and
-so is the media prompt on which the model machine's nightly run once failed C1 (below).
+so is the media prompt on which the model machine's nightly run once failed C1 (below). These run
+the calibrated oracle (PREFIX_TRIE_C1=calibrated): it is the oracle wherever same-schedule replays are
+not bit-identical, and this CPU's replays are.
 """
 from __future__ import annotations
 
@@ -16,11 +18,17 @@ import pytest
 
 import impl.media
 from fuzz.calibrate import tolerance
-from fuzz.oracle import ColdOracle, Runner, chunking_tie
+from fuzz.cold import chunking_tie
+from fuzz.oracle import ColdOracle, Runner
 from impl.engine import Engine
 from impl.models import load
 
 SETTINGS = {"budget": 1 << 40, "chunk_size": 16, "capture_interval": 32, "near_end": 4}
+
+
+@pytest.fixture(autouse=True)
+def calibrated_oracle(monkeypatch):
+    monkeypatch.setenv("PREFIX_TRIE_C1", "calibrated")
 
 
 @pytest.mark.parametrize("error", [0.25, 1e-3])

@@ -18,7 +18,7 @@ import pytest
 
 from impl.engine import Engine, EngineThreadError
 from impl.media import BadRequest, MediaItem
-from test_engine_support import assert_c1, assert_same_state, engine_state
+from test_engine_support import assert_c1, assert_same_state, engine_state, judged
 
 CTX = 8192          # every model's context length (asserted below)
 
@@ -71,7 +71,7 @@ def warm(request):
 
     lm = load(request.param)
     assert lm.context_length == CTX and lm.vocab_size == 49152
-    e = Engine(lm, chunk_size=8, capture_interval=8, check_rules=True)
+    e = judged(Engine(lm, chunk_size=8, capture_interval=8, check_rules=True))
     e.generate(_text(30, 1), 3, stop_at_eos=False)
     e.generate(_text(12, 1) + _text(10, 2), 2, stop_at_eos=False, media=[MediaItem(14, 4, b"pic", (1, 2))])
     return lm, e

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from impl.engine import Engine
 from impl.media import MediaItem
-from test_engine_support import UNLIMITED, assert_c1, assert_stats_consistent, examples
+from test_engine_support import UNLIMITED, assert_c1, assert_stats_consistent, examples, judged
 
 HYBRIDS = ("gemma3", "qwen3next", "mamba2")
 WINDOWED_BUG = ("WindowedCache.restore(None, t) with t == offset (a live resume exactly where the last request "
@@ -48,13 +48,13 @@ class Script:
         self.max_len, self.max_new, self.media_ok = max_len, max_new, media_ok
         self.system, self.segs, self.images = make_pool(lm.vocab_size)
         draw = data.draw
-        self.engine = Engine(
+        self.engine = judged(Engine(
             lm,
             budget_bytes=draw(st.sampled_from([UNLIMITED, UNLIMITED, 0, 4096]), label="budget"),
             chunk_size=draw(st.sampled_from([3, 8, 16, 64]), label="chunk"),
             capture_interval=draw(st.sampled_from([0, 8, 24]), label="interval"),
             near_end=draw(st.sampled_from([0, 2, 4]), label="near_end"),
-            check_rules=True)
+            check_rules=True))
         self.convs: list[list] = []      # conversation -> turns [(user tokens, user media (relative), reply)]
         self.current = 0
 
@@ -139,7 +139,7 @@ def test_windowed_live_resume_after_decode(models):
     lm = models["gemma3"]
     rng = np.random.default_rng(0)
     first = rng.integers(0, lm.vocab_size, 24).tolist()
-    e = Engine(lm, capture_interval=0, near_end=0, check_rules=True)
+    e = judged(Engine(lm, capture_interval=0, near_end=0, check_rules=True))
     r1 = e.generate(first, max_tokens=1, stop_at_eos=False)
     second = first + r1.tokens + rng.integers(0, lm.vocab_size, 20).tolist()
     r2 = e.generate(second, max_tokens=3, stop_at_eos=False)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import impl.plan as plan
 import impl.prefix_cache as prefix_cache
 from fuzz.calibrate import needs_recheck, recheck_device, tolerance
 from fuzz.calibrate_report import MARGIN
@@ -30,7 +31,7 @@ from impl.models import load
 from impl.engine import Engine
 from impl.invariants import RuleViolation, violations
 from impl.media import MediaItem
-from test_engine_support import (TOL, ForwardSpy, assert_c1, assert_stats_consistent, cold_ours, max_abs, nodes,
+from test_engine_support import (TOL, ForwardSpy, judged, assert_c1, assert_stats_consistent, cold_ours, max_abs, nodes,
                                  node_ends)
 
 MODELS = ["qwen3next", "gemma3", "mamba2", "smollm2"]
@@ -50,7 +51,7 @@ def after_item(T, I):
 
 
 def engine(lm, **kw):
-    return Engine(lm, **{"chunk_size": 8, "capture_interval": 16, "near_end": 4, "check_rules": True, **kw})
+    return judged(Engine(lm, **{"chunk_size": 8, "capture_interval": 16, "near_end": 4, "check_rules": True, **kw}))
 
 
 def strictly_inside(x, item):
@@ -174,6 +175,7 @@ def historical(monkeypatch):
         return span[1] if span else q
     monkeypatch.setattr(prefix_cache, "_chunk_end", chunk_end)
     monkeypatch.setattr(prefix_cache, "_inside", lambda x, spans: None)
+    monkeypatch.setattr(plan, "_inside", lambda x, spans: None)        # where captures are scheduled
 
 
 def historical_trie(lm, T, p1, I, check_rules):

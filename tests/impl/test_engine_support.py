@@ -12,6 +12,12 @@ with no cache at all):
     then greedy single-token steps. Its one-forward, no-restore path is exactly what C1 calls a cold
     prefill; `test_oracle_media_matches_stock_without_media` ties it to the stock oracle.
 
+Exact where it can be: an engine wrapped by `judged(engine)` has every request judged by the exact
+oracle (fuzz/replay.py) as it runs, against a cold replay on stock caches of the forwards that built
+its restored state; where same-schedule replays are bit-identical on this backend, `assert_c1` then
+asserts that verdict (bit-identical logits, greedy tokens equal to the replay's argmax) and nothing
+else. Elsewhere, and for engines not wrapped, the cold oracles above with the tolerance below.
+
 Tolerance: TOL[name] is the C1 tolerance calibrated for the model as the tests load it, on this
 device and dtype (fuzz/calibrate.py: 8 x the cold path's own chunking noise, floored at 2 ulp of
 the largest logit; on the CPU in float32 about 1.5e-4 gemma3, 6e-5 qwen3next, 2.5e-5 mamba2, 4e-4
@@ -130,9 +136,32 @@ def greedy_agrees(ours: list, oracle: Cold, tie: float = TIE) -> tuple[bool, str
     return True, ""
 
 
+def judged(engine: Engine) -> Engine:
+    """Judge every request of `engine` by the exact C1 oracle as it runs, where same-schedule replays
+    are exact here: each Result gets `c1`, the Verdict (fuzz/replay.py). Returns the engine."""
+    from fuzz.replay import Replay, replay_is_exact
+
+    if not replay_is_exact(engine.loaded):
+        return engine
+    replay, generate = Replay(engine.loaded), engine.generate
+
+    def run(prompt, max_tokens=16, media=(), sampler=None, **kw):
+        r = generate(prompt, max_tokens, media, **({"sampler": sampler} if sampler else {}), **kw)
+        r.c1 = replay.judge(engine.tokens_of(prompt), list(media), r, greedy=sampler is None, engine=engine)
+        return r
+    engine.generate = run
+    return engine
+
+
 def assert_c1(lm, tokens, media, result, tol: float | None = None, what: str = "") -> float:
-    """C1 for one finished request: first decode logits within tol of the cold oracle's, greedy
-    tokens identical. Returns the measured max |Δ|."""
+    """C1 for one finished request: exactly (bit-identical to the same-schedule cold replay) when its
+    engine is `judged`, else first decode logits within tol of the cold oracle's, greedy tokens
+    identical. Returns the measured max |Δ|."""
+    v = getattr(result, "c1", None)
+    if v is not None and v.judged and tol is None:
+        assert v.ok, f"C1 {what}: {v.signature}: {v.message}"
+        _log("c1", model=lm.name, diff=0.0, media=bool(media), resumed=result.stats.resumed, exact=True)
+        return 0.0
     tol = TOL[lm.name] if tol is None else tol
     assert result.first_logits is not None, f"{what}: no first logits"
     oracle = cold(lm, tokens, media, len(result.tokens))
