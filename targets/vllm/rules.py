@@ -1,0 +1,37 @@
+"""Which rules apply to vLLM's prefix cache (REFERENCE section 3, read for a block cache), and the
+vLLM function each violation is attributed to.
+
+Applied, by spec.rules' predicates unchanged on the block-unit view (targets.vllm.view):
+  T1, T2, T3  the trie the hash map spells, and the path a hit restores;
+  S1  a cached full-attention block holds the tokens of its own block (content identity);
+  S2  a cached sliding-window state (the blocks of its window) or Mamba state is the state at its
+      block end;
+  C1  what the blocks served by get_computed_blocks hold equals a cold prefill of the prefix the
+      hit claims (content identity: every served block's tags);
+  C2  the hit is the deepest block end every group can serve;
+  A1  the hash map and the blocks' own hash metadata agree (counter = hashed blocks);
+  A2  no block is held under two block ends of the trie at once.
+"""
+from __future__ import annotations
+
+from targets.base import ALL_RULES
+
+RULES = frozenset({"T1", "T2", "T3", "S1", "S2", "C1", "C2", "A1", "A2"})
+NOT_APPLICABLE = {
+    "S3": "no page-out at close: blocks are cached as they fill, while the request runs",
+    "S4": "blocks are never split: a node is one block",
+    "M1": "media are hashed into the blocks' extra keys; chunking of encoder inputs is the scheduler's",
+    "M2": "no capture is scheduled: every full block is cached",
+    "M3": "media are not driven by this target (no encoder inputs without a model)",
+    "P1": "a hit always ends at a block end; blocks are never split",
+    "P2": "no compaction: nodes are blocks, never merged",
+    "G1": "blocks never merge",
+    "G2": "blocks never merge",
+    "E1": "the pool has a fixed number of blocks: allocation fails (None) instead of exceeding a budget",
+    "E2": "eviction pops the free queue block by block; a branch point's block goes when its turn comes",
+    "E3": "eviction order is the free queue's (time of free, a request's tail first), not last use",
+    "E4": "evicting a block drops its hash; descendants stay cached but unreachable (no merge)",
+    "E5": "no checkpoint folding: C2 judges the deepest surviving hit",
+    "A3": "no allocator: the pool's blocks are preallocated",
+}
+assert set(NOT_APPLICABLE) | RULES == set(ALL_RULES) and not set(NOT_APPLICABLE) & RULES
