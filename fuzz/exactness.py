@@ -109,7 +109,11 @@ def main(argv=None) -> int:
     p.add_argument("--report", type=Path, default=Path("reports"))
     p.add_argument("--model", action="append", choices=MODEL_NAMES + ("smollm2+keep",))
     p.add_argument("--dtype", action="append", choices=DTYPES)
+    p.add_argument("--device", choices=("default", "cpu"), default="default",
+                   help="cpu: MLX's CPU backend on a machine whose default device is a GPU")
     a = p.parse_args(argv)
+    if a.device == "cpu":
+        mx.set_default_device(mx.cpu)
     out = []
     for label in a.model or list(MODEL_NAMES) + ["smollm2+keep"]:
         for dtype in a.dtype or ["float32"]:

@@ -13,7 +13,7 @@ evaluated on top of it, as after a resume):
   recurrent_off   recurrent layers hold their state from r-1 (a whole-state snapshot from the wrong
                   offset, S2/S3)
   media_split     a non-causal media item evaluated in two forwards (M1), on the engine's forward
-  one_row         one K/V row of one full-attention layer (the last before r) written in another
+  one_row         one K/V row (the last before r) of the last full-attention layer written in another
                   conversation: the same token at that position, another first token (a node
                   boundary off by one onto a sibling branch); its effect on the logits is of the
                   order of the chunking noise, below the calibrated tolerance on some models
@@ -124,7 +124,7 @@ def plant(lm, name: str, toks, r: int, k: int = GREEDY) -> Run | None:
             return None
         other = [toks[0] % (lm.vocab_size - 1) + 1] + list(toks[1:r])
         theirs = state_at(lm, other, r)
-        i = kinds.index("kv")
+        i = len(kinds) - 1 - kinds[::-1].index("kv")     # the last: its rows depend on the context
         c, t = caches[i], theirs[i]
         keys, values = _copy(c.keys[..., :r, :]), _copy(c.values[..., :r, :])
         keys[..., r - 1:r, :] = t.keys[..., r - 1:r, :]

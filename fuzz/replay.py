@@ -178,6 +178,7 @@ class Replay:
 
         if first is None and result.first_logits is not None:
             first = np.array(result.first_logits.astype(mx.float32))
+        tokens = [int(t) for t in tokens]
         n, st = len(tokens), result.stats
         fed = list(result.tokens[:-1]) if first is not None else []
         keys = tuple(keys_of(list(tokens), list(media)))

@@ -43,9 +43,13 @@ def build(campaign) -> dict:
         s["layer_kinds"] = sorted({k for k in m.loaded.layer_kinds if k})
         s["weights_bytes"] = m.loaded.weight_bytes
         s["series"] = m.series
-        from .calibrate import calibration
-        cal = calibration(m.loaded)
-        s["calibration"] = {k: v for k, v in cal.as_dict().items() if k != "probes"}
+        from .calibrate import announce, calibration
+        from .replay import replay_is_exact
+        s["c1_oracle"] = "exact" if replay_is_exact(m.loaded) else "calibrated"
+        if s["c1_oracle"] == "calibrated":
+            cal = calibration(m.loaded)
+            s["calibration"] = {k: v for k, v in cal.as_dict().items() if k != "probes"}
+            s["new_platform"] = announce(cal)
         models[m.name] = s
     return {
         "format": "prefix-trie-fuzz-report/1",
@@ -53,8 +57,9 @@ def build(campaign) -> dict:
         "elapsed_s": round(getattr(campaign, "elapsed", 0.0), 1),
         "settings": {"budget": args.budget, "chunk": args.chunk, "interval": args.interval,
                      "near_end": args.near_end, "case_len": args.case_len, "shrink_seconds": args.shrink_seconds},
-        "tolerance": {"logits_atol": {n: models[n]["calibration"]["tol"] for n in models},
-                      "tie_gap": {n: models[n]["calibration"]["tie"] for n in models}, "tie_min": TIE,
+        "tolerance": {"logits_atol": {n: models[n]["calibration"]["tol"] for n in models if "calibration" in models[n]},
+                      "tie_gap": {n: models[n]["calibration"]["tie"] for n in models if "calibration" in models[n]},
+                      "tie_min": TIE,
                       "mem_margin": MEM_MARGIN, "a3_margin": A3_MARGIN},
         "device": _device(), "dtype": getattr(args, "dtype", "float32"),
         "recheck": bool(getattr(args, "recheck", False)),
@@ -87,10 +92,15 @@ def markdown(rep: dict) -> str:
              f"Settings: budget {rep['settings']['budget']}, chunk {rep['settings']['chunk']}, capture interval "
              f"{rep['settings']['interval']}, near end {rep['settings']['near_end']}, case length "
              f"{rep['settings']['case_len']} operations.", "",
-             f"C1 oracle: text-only prompts against {rep['oracle']['text_only']}; media prompts against "
-             f"{rep['oracle']['media']}. Device {rep.get('device')}, dtype {rep.get('dtype')}. Tolerance: "
-             f"|logits - cold| <= the calibrated tolerance per model (fuzz/calibrate.py; table below), greedy "
-             f"tokens exact, a mismatch with cold top-2 gap < the calibrated tie gap is a tie"
+             f"C1 oracle, device {rep.get('device')}, dtype {rep.get('dtype')}: **exact** for "
+             f"{', '.join(n for n, s in rep['per_model'].items() if s.get('c1_oracle') == 'exact') or 'no model'} "
+             f"(same-schedule replays are bit-identical here: the seed logits must equal a cold replay on "
+             f"mlx-lm's stock caches of the forwards that wrote the restored state, bit for bit, and every greedy "
+             f"token that replay's argmax; fuzz/replay.py); **calibrated** for "
+             f"{', '.join(n for n, s in rep['per_model'].items() if s.get('c1_oracle') == 'calibrated') or 'no model'}: "
+             f"text-only prompts against {rep['oracle']['text_only']}; media prompts against "
+             f"{rep['oracle']['media']}; |logits - cold| <= the calibrated tolerance per model (fuzz/calibrate.py; "
+             f"table below), greedy tokens exact, a mismatch with cold top-2 gap < the calibrated tie gap is a tie"
              f"{'; every passed case replayed on the float32 model (recheck)' if rep.get('recheck') else ''}. "
              f"Cold runs {rep['oracle']['cold_runs']} ({rep['oracle']['cold_seconds']} s), "
              f"served from the cold cache {rep['oracle']['cold_cache_hits']}.", "",
@@ -103,6 +113,7 @@ def markdown(rep: dict) -> str:
                      f"{s['failures']} | {s['ties']} | {s['cancelled']} | {s['squeezes']} | {s['evictions']} | "
                      f"{s['prefilled']} | {s['reused']} | {s['ideal']} | {s['no_cache']} | {ratio} | "
                      f"{s['max_c1_diff']:.2g} |")
+    lines += ["", *[f"**{s['new_platform']}**" for s in rep["per_model"].values() if s.get("new_platform")]]
     lines += ["", "Calibrated C1 tolerance (tol = max(K x noise, floor); tie = max(1e-3, 2 x tol)):", "",
               "| model | device | dtype | noise | K | floor | tol | tie | max C1 diff / tol | cases rechecked |",
               "|---|---|---|---|---|---|---|---|---|---|"]
