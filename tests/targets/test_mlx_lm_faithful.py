@@ -41,8 +41,16 @@ class Detok:
         pass
 
 
-class StubTokenizer:
-    """Text is space-separated token ids; the chat template is role marker + content per message."""
+def _wrapper():
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    return TokenizerWrapper
+
+
+class StubTokenizer(_wrapper()):
+    """Text is space-separated token ids; the chat template is role marker + content per message.
+    A TokenizerWrapper (its constructor skipped), so that stream_generate -- the sequential path --
+    takes it as it is."""
+    _tokenizer = None
     eos_token_ids = set()
     has_thinking = has_tool_calling = False
     tool_parser = None
@@ -50,6 +58,9 @@ class StubTokenizer:
     response_transitions = {}
     response_initial_state = None
     has_chat_template = True
+
+    def __init__(self):
+        pass
 
     @property
     def detokenizer(self):
@@ -104,13 +115,13 @@ class StubProvider:
         return self.model, self.tokenizer
 
 
-def args(max_tokens):
+def args(max_tokens, seed=None):
     return server.GenerationArguments(
         model=server.ModelDescription(model="default_model", draft=None, adapter=None),
         sampling=server.SamplingArguments(0.0, 1.0, 0, 0.0, 0.0, 0.0),
         logits=server.LogitsProcessorArguments(None, 0.0, 20, 0.0, 20, 0.0, 20),
         stop_words=[], max_tokens=max_tokens, num_draft_tokens=0, logprobs=False, top_logprobs=0,
-        seed=None, chat_template_kwargs=None)
+        seed=seed, chat_template_kwargs=None)
 
 
 def system_end(msgs, prompt):
@@ -126,14 +137,17 @@ def text(tokens):
     return " ".join(map(str, tokens))
 
 
-# (kind, payload, max_tokens): text prompts, and chats with and without a system prompt
+# (kind, payload, max_tokens, seed): text prompts, and chats with and without a system prompt; a seed
+# sends a request down the sequential path (_serve_single), between batched ones
 REQUESTS = [
-    ("text", [5, 6, 7, 8], 2),
-    ("text", [5, 6, 7, 8, 9], 1),
-    ("chat", [("system", [1, 2]), ("user", [3, 4])], 2),
-    ("chat", [("system", [1, 2]), ("user", [3, 9])], 1),
-    ("chat", [("user", [3, 4, 5])], 2),
-    ("text", [5, 6], 1),
+    ("text", [5, 6, 7, 8], 2, None),
+    ("text", [5, 6, 7, 8, 9], 1, None),
+    ("chat", [("system", [1, 2]), ("user", [3, 4])], 2, None),
+    ("text", [5, 6, 7, 8, 9, 4], 2, 0),
+    ("chat", [("system", [1, 2]), ("user", [3, 9])], 1, None),
+    ("chat", [("user", [3, 4, 5])], 2, None),
+    ("text", [5, 6], 1, 0),
+    ("text", [5, 6], 1, None),
 ]
 
 
@@ -144,7 +158,7 @@ def serve(name, size, nbytes):
     rg = server.ResponseGenerator(StubProvider(model, size, nbytes), cache)
     served = []
     try:
-        for kind, payload, max_tokens in REQUESTS:
+        for kind, payload, max_tokens, seed in REQUESTS:
             if kind == "text":
                 req = server.CompletionRequest("text", text(payload), [], None, None)
                 prompt, chat, sys_len = payload, False, 0
@@ -154,9 +168,9 @@ def serve(name, size, nbytes):
                 prompt = StubTokenizer().apply_chat_template(msgs, add_generation_prompt=True)
                 chat = True
                 sys_len = system_end(msgs, prompt)
-            _, stream = rg.generate(req, args(max_tokens))
+            _, stream = rg.generate(req, args(max_tokens, seed))
             gen = [r.token for r in stream]
-            served.append((prompt, gen, chat, sys_len))
+            served.append((prompt, gen, chat, sys_len, seed))
     finally:
         rg.stop_and_join()
     return served, cache.calls
@@ -188,13 +202,19 @@ def serve_in_child(name, size, nbytes, timeout=120):
     return out
 
 
-@pytest.mark.parametrize("name,size,nbytes", [("qwen3next", 10, None), ("llama", 3, 6000)])
+@pytest.mark.parametrize("name,size,nbytes", [("qwen3next", 10, None), ("llama", 3, 6000), ("llama4", 10, 6000)])
 def test_server_and_adapter_make_the_same_cache_calls(name, size, nbytes):
+    """Both paths: the seeded requests (and every request on llama4, whose ChunkedKVCache cannot merge)
+    go through _serve_single, the others through the batch; the adapter chooses the same."""
     served, calls = serve_in_child(name, size, nbytes)
     driver = ServerDriver(name, size, nbytes)
-    for prompt, gen, chat, sys_len in served:
-        driver.request(prompt, gen, chat=chat, sys_len=sys_len)
+    paths = [driver.request(prompt, gen, chat=chat, sys_len=sys_len, seed=seed).path
+             for prompt, gen, chat, sys_len, seed in served]
     assert driver.calls == calls
     kinds = {c[2] for c in calls if c[0] == "insert"}
+    if name == "llama4":
+        assert set(paths) == {"sequential"} and not any(c[0] == "trim_to" for c in calls)
+        return
+    assert {"batched", "sequential"} == set(paths)
     assert {"system", "user", "assistant"} <= kinds                 # every segment type was exercised
     assert (nbytes is not None) == any(c[0] == "trim_to" for c in calls)
