@@ -99,6 +99,11 @@ class Api:
         return self.RadixCache(req_to_token_pool=None, token_to_kv_pool_allocator=allocator, page_size=page_size,
                                disable=False)
 
+    @staticmethod
+    def tensor(values):
+        import torch
+        return torch.tensor(list(values), dtype=torch.int64)
+
     def key(self, tokens):
         return self.RadixKey(list(tokens)) if self.RadixKey is not None else list(tokens)
 
@@ -122,5 +127,6 @@ class Api:
 
     @staticmethod
     def tokens(key) -> list:
-        t = getattr(key, "token_ids", key)
-        return [int(x) for x in t]
+        """A node key's tokens: iterate it (RadixKey.token_ids may be longer than the key: 0.5.x keys
+        carry a `limit`)."""
+        return [int(x) for x in key]

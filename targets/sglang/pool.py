@@ -14,14 +14,12 @@ Invariants:
 """
 from __future__ import annotations
 
-import torch
-
 
 class TagAllocator:
-    def __init__(self, size: int = 1 << 14, device: str = "cpu"):
+    def __init__(self, size: int = 1 << 14, device: str = "cpu", tensor=list):
         self.size = size
         self.device = device
-        self.dtype = torch.int64
+        self.tensor = tensor                                # list -> the engine's index vector
         self.page_size = 1
         self.free_slots = list(range(size - 1, 0, -1))     # slot 0 is reserved, as SGLang's pools do
         self.allocated: set = set()
@@ -34,7 +32,8 @@ class TagAllocator:
         return len(self.free_slots)
 
     def free(self, free_index) -> None:
-        for s in (int(x) for x in torch.as_tensor(free_index).reshape(-1).tolist()):
+        vals = free_index.tolist() if hasattr(free_index, "tolist") else list(free_index)
+        for s in (int(x) for x in vals):
             self.frees += 1
             if s not in self.allocated:
                 self.double_frees.append(s)
@@ -52,7 +51,7 @@ class TagAllocator:
         pass
 
     # ---- the driver's calls (a forward writing K/V)
-    def alloc_for(self, seq: tuple, start: int, end: int) -> torch.Tensor:
+    def alloc_for(self, seq: tuple, start: int, end: int):
         """Slots for positions [start, end) of `seq`, each tagged with seq[:pos + 1]."""
         n = end - start
         if n > len(self.free_slots):
@@ -61,7 +60,7 @@ class TagAllocator:
         for i, s in enumerate(out):
             self.allocated.add(s)
             self.tags[s] = tuple(seq[:start + i + 1])
-        return torch.tensor(out, dtype=torch.int64)
+        return self.tensor(out)
 
     def content(self, slot: int, pos: int):
         """What slot `slot` holds as seen from position `pos`: the key it was written for when the

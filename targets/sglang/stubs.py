@@ -22,7 +22,7 @@ import importlib.util
 import sys
 import types
 
-STUBBED = ("triton", "tvm_ffi", "torchvision", "sentencepiece", "compressed_tensors", "gguf", "partial_json_parser")
+STUBBED = ("triton", "tvm_ffi", "torchvision", "sentencepiece", "compressed_tensors", "gguf", "partial_json_parser", "vllm")
 
 _touched: set = set()
 

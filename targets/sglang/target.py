@@ -27,8 +27,6 @@ Invariants: the driver only calls the cache's public methods (engine.Api); it re
 """
 from __future__ import annotations
 
-import torch
-
 from targets.sglang.pool import TagAllocator
 from targets.sglang.rules import NOT_APPLICABLE, RULES
 
@@ -51,7 +49,7 @@ class SglangTarget:
     # ------------------------------------------------------------------ life cycle
     def reset(self, budget: int = 1 << 40, chunk: int | None = None, **_config):
         self.chunk = chunk or self.chunk
-        self.alloc = TagAllocator()
+        self.alloc = TagAllocator(tensor=self.api.tensor)
         make = self.cache_factory or (lambda api, a: api.make(a))
         self.cache = make(self.api, self.alloc)
         self.budget = self.shown_budget = budget
@@ -59,6 +57,7 @@ class SglangTarget:
         self.outcome = None
         self.clock = 0
         self.victims: list = []
+        self.used: dict = {}          # node -> newest last-use clock of its subtree so far (view.py)
 
     def shutdown(self) -> None:
         pass
@@ -134,7 +133,7 @@ class SglangTarget:
         self.clock += 1
         n = len(r["seq"])
         if n:
-            slots = torch.tensor(r["slots"], dtype=torch.int64)
+            slots = self.api.tensor(r["slots"])
             prefix_len = self.api.insert(self.cache, r["seq"], slots)
             self.alloc.free(slots[r["protected"]:prefix_len])
         self.cache.dec_lock_ref(r["node"])
@@ -159,7 +158,7 @@ class SglangTarget:
         """The chunked-prefill insert: the tree takes the evaluated prefix; the request adopts the
         tree's slots for it and moves its lock to the new last node."""
         r = self.req
-        slots = torch.tensor(r["slots"], dtype=torch.int64)
+        slots = self.api.tensor(r["slots"])
         prefix_len = self.api.insert(self.cache, r["seq"], slots)
         self.alloc.free(slots[r["protected"]:prefix_len])
         node = self.api.match(self.cache, r["seq"])

@@ -8,7 +8,10 @@ Mapping (invariants):
   marker no key equals: S1 then sees a slot holding another prefix's KV (content identity);
 - `bytes` = UNIT x len(value); `counter` = UNIT x (evictable_size_ + protected_size_), SGLang's own
   counters; `budget` is the budget last enforced (a change waits until no request holds the tree);
-- `last_used` ranks the nodes' last_access_time (SGLang's LRU clock), 0 the oldest;
+- `last_used` is the newest last_access_time (SGLang's LRU clock, integer nanoseconds) in the node's
+  subtree, ever (kept by the target across views): using a node's KV reads every ancestor's (the
+  prefix it attends to), and SGLang stamps a new leaf after its path, so an ancestor is used
+  whenever a descendant is;
 - the active path is the request's locked path (root -> its last node); idle: the root alone;
   `live` is what the request's slots hold for positions [0, offset) (C1 compares it with the keys);
 - A2 on KV slots: a slot freed twice shows as an ident released twice; a slot a node holds while
@@ -20,13 +23,19 @@ from __future__ import annotations
 from spec.view import View
 
 
+def clock(n) -> int:
+    """A node's last_access_time as an integer clock, the same in every view (nanoseconds)."""
+    return int(round(float(getattr(n, "last_access_time", 0.0)) * 1e9))
+
+
 def view_of(t) -> View:
     from targets.sglang.target import UNIT
     a = t.alloc
     entries = t.nodes()
-    times = sorted({float(getattr(n, "last_access_time", 0.0)) for _, _, n in entries})
-    rank = {x: i for i, x in enumerate(times)}
     root = t.cache.root_node
+    used = t.used                                          # node -> newest clock its subtree has had
+    for keys, _, n in sorted(entries, key=lambda e: -len(e[0])):
+        used[n] = max([used.get(n, 0), clock(n)] + [used[c] for c in n.children.values()])
     nodes, held, released = [], set(), []
     for keys, start, n in entries:
         snaps = []
@@ -40,7 +49,7 @@ def view_of(t) -> View:
                           "bytes": UNIT * len(slots), "ident": ident,
                           "content": [a.content(s, start + i) for i, s in enumerate(slots)]})
         nodes.append({"keys": list(keys), "start": start, "user": False,
-                      "last_used": rank[float(getattr(n, "last_access_time", 0.0))], "snaps": snaps})
+                      "last_used": used[n], "snaps": snaps})
     for s in a.double_frees:
         released += [("slot", s), ("slot", s)]
     r = t.req

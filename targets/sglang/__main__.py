@@ -1,0 +1,139 @@
+"""`./dev check-sglang [--minutes N] [--report DIR] [--src PATH | --release V] [--fixture FAULT]`
+`./dev check-sglang --replay P.json [...] --releases V1,V2,... | --srcs PATH1,PATH2,...`
+
+check: runs the rule machines against SGLang's RadixCache for N minutes (default 10) and writes
+DIR/report.md (default reports/sglang): per violated rule its meaning, the SGLang function
+responsible, seconds to detection, the shrunk program (DIR/programs/RULE.json, replayable).
+The sglang used: the installed one, or --src (a source checkout or an unpacked wheel; SGLANG_SRC),
+or --release V (the PyPI wheel, fetched --no-deps with pip and unpacked under ~/.cache).
+--fixture FAULT runs the planted-fault fake (targets/sglang/fixture.py) instead (no sglang needed).
+
+--replay: each program on each sglang in order (oldest first), one process per sglang; prints
+whether it reproduces and names the first one where each program stops reproducing.
+Exit status: 0 no violation / every program stopped; 1 violations (check) or a program still
+reproducing on the last one (replay); 2 bad arguments or an sglang that cannot be loaded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prefix-trie-mlx" / "sglang"
+
+
+def release_dir(v: str) -> Path:
+    """The sglang package of PyPI release `v`, unpacked (pip download --no-deps; no install)."""
+    d = CACHE / v
+    if (d / "sglang").exists():
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"sglang=={v}", "-d", str(d)],
+                   check=True)
+    import zipfile
+    whl = next(d.glob("sglang-*.whl"))
+    with zipfile.ZipFile(whl) as z:
+        z.extractall(d, [n for n in z.namelist() if n.startswith("sglang/")])
+    whl.unlink()
+    return d
+
+
+def make_target(a):
+    from targets.sglang.target import SglangTarget
+    if a.fixture:
+        from targets.sglang.fixture import FakeApi
+        return SglangTarget(FakeApi(None if a.fixture == "none" else a.fixture)), f"fixture ({a.fixture})"
+    from targets.sglang import engine
+    src = a.src or (str(release_dir(a.release)) if a.release else None)
+    api = engine.load(src)
+    return SglangTarget(api), f"sglang {engine.version(api)}"
+
+
+def check(a) -> int:
+    from targets.sglang import machine, report
+    target, what = make_target(a)
+    print(f"check-sglang: {what}; {a.minutes} min", flush=True)
+    c = machine.campaign(target, a.minutes, log=lambda s: print(s, flush=True))
+    out = report.write(Path(a.report), c, what, " ".join(sys.argv[1:]))
+    print(f"{len(c.findings)} rule violations, {sum(n for n, _ in c.policy.values())} policy differences "
+          f"({len(c.policy)} kinds); {c.steps / max(c.seconds, 1e-9):.0f} steps/s; report: {out}")
+    return 1 if c.findings else 0
+
+
+def replay_one(a) -> int:
+    """In this process: each program once; prints one JSON line {path: [rules]}."""
+    from targets.machine import replay_checked
+    target, what = make_target(a)
+    res = {}
+    for p in a.replay:
+        prog = json.loads(Path(p).read_text())
+        try:
+            found = replay_checked(target, prog["ops"])
+            res[p] = sorted({r for r, _ in found})
+        except Exception as e:              # a crash of the cache under check is a result too
+            res[p] = [f"PANIC: {type(e).__name__}: {e}"]
+    print("RESULT " + json.dumps({"what": what, "found": res}))
+    return 0
+
+
+def replay(a) -> int:
+    points = [("--src", s) for s in a.srcs.split(",") if s] + [("--release", v) for v in a.releases.split(",") if v]
+    if not points:
+        points = [("--fixture", a.fixture)] if a.fixture else [("", "")]
+    progs = {p: json.loads(Path(p).read_text())["rule"] for p in a.replay}
+    first_ok: dict = {}
+    last = {}
+    for flag, val in points:
+        cmd = [sys.executable, "-m", "targets.sglang", "--replay-one", *a.replay] + ([flag, val] if flag else [])
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            print(f"{val or 'installed'}: could not load ({(r.stderr.strip().splitlines() or ['?'])[-1]})")
+            continue
+        d = json.loads(line[7:])
+        for p, rule in progs.items():
+            got = d["found"][p]
+            hit = rule in got or (rule == "PANIC" and any(g.startswith("PANIC") for g in got))
+            last[p] = hit
+            print(f"{d['what']}: {Path(p).name} ({rule}): {'reproduces' if hit else 'does not reproduce'}"
+                  + (f" (other rules: {', '.join(g for g in got if g != rule)})" if [g for g in got if g != rule] else ""))
+            if not hit and p not in first_ok:
+                first_ok[p] = d["what"]
+            if hit:
+                first_ok.pop(p, None)
+    for p in progs:
+        print(f"{Path(p).name}: " + (f"stops reproducing at {first_ok[p]}" if p in first_ok else "still reproduces"))
+    return 1 if any(last.values()) else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="check-sglang")
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--report", default="reports/sglang")
+    ap.add_argument("--src", default=os.environ.get("SGLANG_SRC", ""))
+    ap.add_argument("--release", default="")
+    ap.add_argument("--fixture", default="", help="none | " + " | ".join(__import__("targets.sglang.fixture",
+                                                                                      fromlist=["x"]).FAULTS))
+    ap.add_argument("--replay", nargs="+", metavar="PROGRAM")
+    ap.add_argument("--replay-one", nargs="+", metavar="PROGRAM", help=argparse.SUPPRESS)
+    ap.add_argument("--srcs", default="", help="comma-separated checkouts, oldest first (--replay)")
+    ap.add_argument("--releases", default="", help="comma-separated PyPI releases, oldest first (--replay)")
+    a = ap.parse_args(argv)
+    if a.replay_one:
+        a.replay = a.replay_one
+        return replay_one(a)
+    try:
+        if a.replay:
+            return replay(a)
+        return check(a)
+    except (FileNotFoundError, RuntimeError, ImportError, subprocess.CalledProcessError) as e:
+        print(f"check-sglang: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""check-sglang's report: report.md and programs/RULE.json (replayable with --replay).
+
+Invariants: each violation names the rule's meaning (spec.rules' docstring), the SGLang function
+it is attributed to (rules.CAUSES), the seconds to first detection and the shrunk program; policy
+differences (spec vs SGLang, no rule broken) are counted apart.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from targets.report import meaning, program_text
+from targets.sglang.rules import CAUSES, NOT_APPLICABLE, RULES
+
+
+def write(d, c, what: str, command: str) -> Path:
+    d = Path(d)
+    (d / "programs").mkdir(parents=True, exist_ok=True)
+    rate = c.steps / c.seconds if c.seconds else 0.0
+    md = [f"# Rule check of SGLang's RadixCache: {what}", "",
+          f"`./dev check-sglang {command}`: {c.minutes:g} minutes, {c.runs} Hypothesis runs, {c.steps} operations "
+          f"judged in {c.seconds:.0f} s = **{rate:.0f} operations/s** (reductions included).", "",
+          f"Rules judged: {', '.join(sorted(RULES))}. Not applicable:", ""]
+    md += [f"- {r}: {why}" for r, why in sorted(NOT_APPLICABLE.items())]
+    md += ["", "| rule | found after | shrunk length | SGLang function | violation |", "|---|---|---|---|---|"]
+    for rule, f in sorted(c.findings.items()):
+        fn = CAUSES.get(rule, ("(the cache under check)", ""))[0]
+        md.append(f"| {rule} | {f.seconds:.1f} s | {f.length} | `{fn}` | {f.message} |")
+    if not c.findings:
+        md.append("| (none) | | | | |")
+    md.append("")
+    for rule, f in sorted(c.findings.items()):
+        fn, why = CAUSES.get(rule, ("(the cache under check)", ""))
+        (d / "programs" / f"{rule}.json").write_text(json.dumps(
+            dict(rule=rule, what=what, message=f.message, ops=f.ops), indent=1))
+        md += [f"## {rule}", "", f"*Rule:* {meaning(rule)}", "", f"*Where:* `{fn}`: {why}.", "",
+               f"Found after {f.seconds:.1f} s; shrunk to {f.length} operations (`programs/{rule}.json`; "
+               f"`./dev check-sglang --replay programs/{rule}.json --releases A,B,...` names the first release "
+               "where it stops):", "", "```", program_text(f.ops), "```", ""]
+    md += ["## Policy differences (spec vs SGLang, no rule broken)", "",
+           "| kind | operations | first example |", "|---|---|---|"]
+    for kind, (n, ex) in sorted(c.policy.items()):
+        md.append(f"| {kind} | {n} | {ex['example'] if ex else ''} |")
+    md.append("")
+    (d / "report.md").write_text("\n".join(md))
+    (d / "report.json").write_text(json.dumps({"what": what, "steps": c.steps, "seconds": c.seconds,
+                                               "findings": sorted(c.findings), "policy": {k: n for k, (n, _) in
+                                                                                         c.policy.items()}}, indent=1))
+    return d / "report.md"
