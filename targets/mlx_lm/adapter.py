@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from targets.mlx_lm import models
+from targets.mlx_lm.recorder import Recorder, _Tokenizer, own_ops  # noqa: F401  (own_ops: the schedule's API)
 
 MODEL_KEY = ("default_model", None, None)     # the shape of ModelProvider.model_key
 
@@ -80,29 +81,6 @@ class Entry:
     trimmable: bool        # mlx-lm's can_trim_prompt_cache on the stored caches
     offsets: tuple
     kinds: tuple = ()      # its layer caches' class names
-
-
-class Recorder:
-    """The model, called unchanged; logs every forward as ("fwd", input tokens, offset before, quantized
-    layers): the offset (the largest int offset of its caches; None for batch caches) shows a rewind
-    (speculative decoding trims between forwards), the quantized layers ((layer, group size, bits) of
-    its QuantizedKVCache layers) where --kv-bits turned a layer into one."""
-
-    def __init__(self, model):
-        self.__dict__["_model"] = model
-        self.__dict__["log"] = []
-
-    def __call__(self, inputs, *args, **kwargs):
-        cache = kwargs.get("cache", args[0] if args else None) or []
-        offs = [c.offset for c in cache if isinstance(getattr(c, "offset", None), int)]
-        quant = tuple((i, c.group_size, c.bits) for i, c in enumerate(cache) if type(c).__name__ == "QuantizedKVCache")
-        offset = max(offs) if offs and len(offs) == len(cache) else None
-        out = self._model(inputs, *args, **kwargs)
-        self.log.append(("fwd", tuple(inputs.tolist()[0]), offset, quant))
-        return out
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
 
 
 @dataclass
@@ -374,59 +352,6 @@ class ServerDriver:
         self._current = None
         self._after(res, gen)
         return res
-
-
-def _tokenizer_class():
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-
-    class Detokenizer:
-        last_segment = ""
-
-        def add_token(self, token):
-            self.last_segment = f" {token}"
-
-        def finalize(self):
-            pass
-
-    class Tokenizer(TokenizerWrapper):
-        """stream_generate's tokenizer: no end-of-sequence token, token ids as text."""
-        _tokenizer = None
-
-        def __init__(self):
-            pass
-
-        @property
-        def detokenizer(self):
-            return Detokenizer()
-
-        @property
-        def eos_token_ids(self):
-            return set()
-    return Tokenizer
-
-
-def _Tokenizer():
-    global _TOK
-    if _TOK is None:
-        _TOK = _tokenizer_class()
-    return _TOK()
-
-
-_TOK = None
-
-
-def own_ops(start: int, log) -> list:
-    """A request's recorded forwards as schedule ops from position `start`: ("fwd", tokens, quantized
-    layers), with ("trim", n) where a later forward starts n positions before the last one ended (a
-    rewind: speculative decoding). The first starts at `start`: a fetched cache resting elsewhere is
-    a wrong restore, which the replay must not copy."""
-    ops, end = [], None                  # end: where the server's previous forward left its cache
-    for _, tokens, offset, quant in log:
-        if end is not None and offset is not None and offset < end:     # the first starts at `start`,
-            ops.append(("trim", end - offset))                          # whatever the cache says
-        ops.append(("fwd", tokens, quant))
-        end = (offset if offset is not None else (end or 0)) + len(tokens)
-    return ops
 
 
 def _offset(c) -> int:
