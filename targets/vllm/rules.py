@@ -35,3 +35,55 @@ NOT_APPLICABLE = {
     "A3": "no allocator: the pool's blocks are preallocated",
 }
 assert set(NOT_APPLICABLE) | RULES == set(ALL_RULES) and not set(NOT_APPLICABLE) & RULES
+
+
+# (rule, layout family) -> (module, qualified function, a substring of the responsible line, why).
+# The family is "eagle" for -eagle layouts, else "any". Lines are looked up in the version that ran.
+CAUSES = {
+    ("C1", "eagle"): ("vllm.v1.core.kv_cache_coordinator", "HybridKVCacheCoordinator.find_longest_cache_hit",
+                      "curr_hit_length + spec.block_size",
+                      "with EAGLE the full-attention group matches one block and drops it; the next group "
+                      "(Mamba) is then looked up to the shortened length plus one block and may hit deeper "
+                      "than full attention, and the simple-hybrid path stops after one pass: the hit claims "
+                      "tokens whose full-attention blocks it does not serve (cf. vllm-project/vllm PR #45614)"),
+    ("C1", "any"): ("vllm.v1.core.kv_cache_coordinator", "HybridKVCacheCoordinator.find_longest_cache_hit",
+                    "hit_length", "the hit length and the blocks served per group disagree"),
+    ("C2", "any"): ("vllm.v1.core.kv_cache_coordinator", "HybridKVCacheCoordinator.find_longest_cache_hit",
+                    "hit_length", "a block end every group can serve is deeper than the hit returned"),
+    ("S1", "any"): ("vllm.v1.core.block_pool", "BlockPool.cache_full_blocks", "block_hash",
+                    "a block is cached under the hash of tokens it was not written with"),
+    ("S2", "any"): ("vllm.v1.core.block_pool", "BlockPool.cache_full_blocks", "block_hash",
+                    "a sliding-window or Mamba block is cached under a hash whose state it does not hold"),
+    ("A1", "any"): ("vllm.v1.core.block_pool", "BlockPool._maybe_evict_cached_block", "block_hash",
+                    "the hash map and the blocks' own hash metadata disagree"),
+    ("A2", "any"): ("vllm.v1.core.block_pool", "BlockPool.cache_full_blocks", "block_hash",
+                    "one block is cached under two hashes"),
+    ("T3", "any"): ("vllm.v1.core.kv_cache_manager", "KVCacheManager.allocate_slots", "new_computed_block",
+                    "blocks a hit served are no longer cached while the request holds them"),
+}
+
+
+def cause(rule: str, layout: str) -> tuple | None:
+    fam = "eagle" if layout.endswith("-eagle") else "any"
+    return CAUSES.get((rule, fam)) or CAUSES.get((rule, "any"))
+
+
+def where(rule: str, layout: str) -> tuple:
+    """(text, why): 'module.function (file line N: `line`)' in the vLLM that runs, and the explanation."""
+    import importlib
+    import inspect
+    c = cause(rule, layout)
+    if c is None:
+        return "(not attributed)", ""
+    module, function, quote, why = c
+    try:
+        obj = importlib.import_module(module)
+        for part in function.split("."):
+            obj = getattr(obj, part)
+        lines, start = inspect.getsourcelines(obj)
+        n, text = next(((start + i, l.strip()) for i, l in enumerate(lines) if quote in l), (start, lines[0].strip()))
+        path = inspect.getsourcefile(obj)
+        rel = path[path.rfind("vllm/"):] if "vllm/" in path else path
+        return f"`{module}.{function}` ({rel} line {n}: `{text}`)", why
+    except Exception as e:                       # noqa: BLE001 -- a function moved in this version
+        return f"`{module}.{function}` (not found here: {type(e).__name__})", why

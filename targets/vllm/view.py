@@ -22,7 +22,8 @@ Mapping (invariants):
   that the hash map and the blocks' own hashes agree); budget: 2**62 (the pool is fixed).
 - last_used: the adapter's clock of the block's last use (a hit, a computed chunk, a free).
 - Active path: after begin, root to the node at the hit (resume), with the live content what the
-  served blocks hold (C1: content identity); otherwise the root alone at offset 0.
+  served blocks hold (C1: content identity); otherwise (and for a request the pool refused) the root
+  alone at offset 0.
 """
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ def view_of(t) -> View:
     d = {"layers": layers, "nodes": nodes, "path": [[]], "offset": 0, "seq": [], "live": [None] * len(kinds),
          "counter": counter, "budget": 1 << 62, "clock": t.clock}
     r = t.req
-    if r is not None:
+    if r is not None and not r["refused"]:          # a refused request holds nothing: shown as idle
         vkeys = request_keys(t, r["keys"])
         nb = r["hit"] // BLOCK
         chunks = [(p // BLOCK, -(-q // BLOCK)) for p, q in r["chunks"]]
