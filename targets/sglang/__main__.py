@@ -46,11 +46,13 @@ def make_target(a):
     from targets.sglang.target import SglangTarget
     if a.fixture:
         from targets.sglang.fixture import FakeApi
-        return SglangTarget(FakeApi(None if a.fixture == "none" else a.fixture)), f"fixture ({a.fixture})"
+        return SglangTarget(FakeApi(None if a.fixture == "none" else a.fixture), page_size=a.page_size), \
+            f"fixture ({a.fixture})"
     from targets.sglang import engine
     src = a.src or (str(release_dir(a.release)) if a.release else None)
     api = engine.load(src)
-    return SglangTarget(api), f"sglang {engine.version(api)}"
+    return SglangTarget(api, page_size=a.page_size), f"sglang {engine.version(api)}" + \
+        (f", page size {a.page_size}" if a.page_size > 1 else "")
 
 
 def check(a) -> int:
@@ -88,7 +90,8 @@ def replay(a) -> int:
     first_ok: dict = {}
     last = {}
     for flag, val in points:
-        cmd = [sys.executable, "-m", "targets.sglang", "--replay-one", *a.replay] + ([flag, val] if flag else [])
+        cmd = [sys.executable, "-m", "targets.sglang", "--replay-one", *a.replay, "--page-size", str(a.page_size)] + \
+            ([flag, val] if flag else [])
         r = subprocess.run(cmd, capture_output=True, text=True)
         line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
@@ -116,6 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--report", default="reports/sglang")
     ap.add_argument("--src", default=os.environ.get("SGLANG_SRC", ""))
     ap.add_argument("--release", default="")
+    ap.add_argument("--page-size", type=int, default=1, help="the radix cache's page size (default 1)")
     ap.add_argument("--fixture", default="", help="none | " + " | ".join(__import__("targets.sglang.fixture",
                                                                                       fromlist=["x"]).FAULTS))
     ap.add_argument("--replay", nargs="+", metavar="PROGRAM")

@@ -26,6 +26,13 @@ NOT_APPLICABLE = {
 }
 assert set(NOT_APPLICABLE) | RULES == set(ALL_RULES) and not set(NOT_APPLICABLE) & RULES
 
+# with page_size > 1 the tree holds whole pages and a match floors to a page boundary (its design):
+PAGED = {
+    "C2": "page_size > 1: a match floors to a page boundary by design (judged with page_size 1)",
+    "P1": "page_size > 1: a match inside an edge splits at the page floor, not at the token (judged with page_size 1)",
+    "T3": "page_size > 1: the request's unaligned tail is its own, not the tree's (judged with page_size 1)",
+}
+
 # rule -> (SGLang function responsible, what it does wrong when the rule breaks)
 CAUSES = {
     "T1": ("RadixCache._split_node / _insert_helper", "a node's key, parent link or offsets do not agree"),

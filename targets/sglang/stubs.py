@@ -22,7 +22,7 @@ import importlib.util
 import sys
 import types
 
-STUBBED = ("triton", "tvm_ffi", "torchvision", "sentencepiece", "compressed_tensors", "gguf", "partial_json_parser", "vllm")
+STUBBED = ("triton", "tvm_ffi", "torchvision", "sentencepiece", "compressed_tensors", "gguf", "partial_json_parser", "vllm", "sgl_kernel")
 
 _touched: set = set()
 
@@ -119,11 +119,17 @@ _FINDER = _Finder()
 
 
 def install() -> None:
-    """Serve the stubs from now on. torch's compiler stack is imported first, while no stub exists:
-    it probes for triton with a plain import and must find none."""
+    """Serve the stubs from now on. torch's compiler stack and transformers' auto classes are
+    imported first, while no stub exists: they probe for triton / torchvision and must find none."""
     import torch
     import torch._dynamo  # noqa: F401
     torch.compile(lambda x: x)                 # imports the inductor modules @torch.compile needs
+    try:                                       # transformers decides what is installed once, stub-free
+        import transformers
+        from transformers import AutoProcessor  # noqa: F401
+        import transformers.models.llama.modeling_llama  # noqa: F401
+    except Exception:
+        pass
     if _FINDER not in sys.meta_path:
         sys.meta_path.append(_FINDER)
 

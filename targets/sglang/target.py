@@ -38,10 +38,15 @@ class SglangTarget:
     RULES = RULES
     NOT_APPLICABLE = NOT_APPLICABLE
 
-    def __init__(self, api=None, cache_factory=None, chunk: int = 8):
+    def __init__(self, api=None, cache_factory=None, chunk: int = 8, page_size: int = 1):
         self.api = api
         self.cache_factory = cache_factory
         self.chunk = chunk
+        self.page_size = page_size
+        if page_size > 1:             # a resume floors to a page boundary by design (see rules.PAGED)
+            from targets.sglang.rules import PAGED
+            self.RULES = frozenset(self.RULES) - set(PAGED)
+            self.NOT_APPLICABLE = {**NOT_APPLICABLE, **PAGED}
         self.merges: list = []
         self.outcome = None
         self.reset()
@@ -50,7 +55,7 @@ class SglangTarget:
     def reset(self, budget: int = 1 << 40, chunk: int | None = None, **_config):
         self.chunk = chunk or self.chunk
         self.alloc = TagAllocator(tensor=self.api.tensor)
-        make = self.cache_factory or (lambda api, a: api.make(a))
+        make = self.cache_factory or (lambda api, a: api.make(a, page_size=self.page_size))
         self.cache = make(self.api, self.alloc)
         self.budget = self.shown_budget = budget
         self.req = None
@@ -131,11 +136,13 @@ class SglangTarget:
     def close(self) -> None:
         r, self.req = self.req, None
         self.clock += 1
-        n = len(r["seq"])
+        n = len(r["seq"]) // self.page_size * self.page_size      # the tree takes whole pages only
+        slots = self.api.tensor(r["slots"])
         if n:
-            slots = self.api.tensor(r["slots"])
-            prefix_len = self.api.insert(self.cache, r["seq"], slots)
+            prefix_len = self.api.insert(self.cache, r["seq"][:n], slots[:n])
             self.alloc.free(slots[r["protected"]:prefix_len])
+        if len(r["slots"]) > max(n, r["protected"]):
+            self.alloc.free(slots[max(n, r["protected"]):])
         self.cache.dec_lock_ref(r["node"])
         self.outcome = None
         self._enforce()
@@ -158,10 +165,13 @@ class SglangTarget:
         """The chunked-prefill insert: the tree takes the evaluated prefix; the request adopts the
         tree's slots for it and moves its lock to the new last node."""
         r = self.req
+        n = len(r["seq"]) // self.page_size * self.page_size
+        if n <= r["protected"]:
+            return
         slots = self.api.tensor(r["slots"])
-        prefix_len = self.api.insert(self.cache, r["seq"], slots)
+        prefix_len = self.api.insert(self.cache, r["seq"][:n], slots[:n])
         self.alloc.free(slots[r["protected"]:prefix_len])
-        node = self.api.match(self.cache, r["seq"])
+        node = self.api.match(self.cache, r["seq"][:n])
         new = self.slots_of(node)
         r["slots"][r["protected"]:len(new)] = new[r["protected"]:]
         self.cache.dec_lock_ref(r["node"])
