@@ -1,5 +1,7 @@
 """check-sglang's report: report.md and programs/RULE.json (replayable with --replay).
 
+Also programs/test_<rule>_sglang.py per violation: the program as a standalone pytest test
+(targets.sglang.export).
 Invariants: each violation names the rule's meaning (spec.rules' docstring), the SGLang function
 it is attributed to (rules.CAUSES), the seconds to first detection and the shrunk program; policy
 differences (spec vs SGLang, no rule broken) are counted apart.
@@ -10,10 +12,11 @@ import json
 from pathlib import Path
 
 from targets.report import meaning, program_text
+from targets.sglang.export import export
 from targets.sglang.rules import CAUSES, NOT_APPLICABLE, RULES
 
 
-def write(d, c, what: str, command: str) -> Path:
+def write(d, c, what: str, command: str, page_size: int = 1) -> Path:
     d = Path(d)
     (d / "programs").mkdir(parents=True, exist_ok=True)
     rate = c.steps / c.seconds if c.seconds else 0.0
@@ -37,6 +40,9 @@ def write(d, c, what: str, command: str) -> Path:
                f"Found after {f.seconds:.1f} s; shrunk to {f.length} operations (`programs/{rule}.json`; "
                f"`./dev check-sglang --replay programs/{rule}.json --releases A,B,...` names the first release "
                "where it stops):", "", "```", program_text(f.ops), "```", ""]
+        (d / "programs" / f"test_{rule.lower()}_sglang.py").write_text(export(rule, what, f.message, f.ops, page_size))
+        md += [f"As a pytest test against SGLang's public API (`programs/test_{rule.lower()}_sglang.py`; it checks "
+               "S1, C1, C2, A1 and A2 on the tree after every operation; other rules: replay the program).", ""]
     md += ["## Policy differences (spec vs SGLang, no rule broken)", "",
            "| kind | operations | first example |", "|---|---|---|"]
     for kind, (n, ex) in sorted(c.policy.items()):

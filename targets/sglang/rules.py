@@ -31,6 +31,7 @@ PAGED = {
     "C2": "page_size > 1: a match floors to a page boundary by design (judged with page_size 1)",
     "P1": "page_size > 1: a match inside an edge splits at the page floor, not at the token (judged with page_size 1)",
     "T3": "page_size > 1: the request's unaligned tail is its own, not the tree's (judged with page_size 1)",
+    "T2": "page_size > 1: children are keyed by their first page; siblings may share a first token",
 }
 
 # rule -> (SGLang function responsible, what it does wrong when the rule breaks)

@@ -56,6 +56,7 @@ def test_campaign_on_the_fixture_finds_and_shrinks(tmp_path):
     assert "A2" in c.findings and c.findings["A2"].length <= 12
     out = report.write(tmp_path, c, "fixture (double-free)", "--fixture double-free")
     assert "RadixCache.evict" in out.read_text() and (tmp_path / "programs" / "A2.json").exists()
+    compile((tmp_path / "programs" / "test_a2_sglang.py").read_text(), "test_a2_sglang.py", "exec")
 
 
 def test_replay_names_where_a_program_stops(tmp_path):
@@ -73,6 +74,18 @@ def test_replay_names_where_a_program_stops(tmp_path):
 HAVE_SGLANG = importlib.util.find_spec("sglang") is not None and importlib.util.find_spec("torch") is not None
 needs_sglang = pytest.mark.skipif(not HAVE_SGLANG, reason="sglang (and torch) not installed in this venv: "
                                   "targets/sglang/install.sh, then SGLANG_PYTHON=... ./dev python -m pytest")
+
+
+@needs_sglang
+def test_exported_tests_pass_on_a_clean_tree(tmp_path):
+    """The exported pytest test replays through SGLang's public API: the clean program passes."""
+    from targets.sglang.export import export
+    f = tmp_path / "test_clean_sglang.py"
+    f.write_text(export("S1", "clean", "none", CLEAN))
+    boot = ("from targets.sglang import stubs; stubs.install(); import sglang.srt.mem_cache.radix_cache; "
+            "stubs.settle(); import pytest, sys; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', sys.argv[1]]))")
+    r = subprocess.run([sys.executable, "-c", boot, str(f)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:]
 
 
 @needs_sglang
