@@ -127,8 +127,17 @@ class VllmTarget:
         for e in range(BLOCK, n_tokens - n_tokens % BLOCK + 1, BLOCK):
             self.last[tuple(r["all"][:e])] = self.clock
 
+    def _new_step(self):
+        """The scheduler's step boundary: vLLM's scheduler tells the manager a step starts (Mamba
+        refuses, within one step, a hit on a block cached in that same step)."""
+        hook = getattr(self.m, "new_step_starts", None)
+        if hook is not None:
+            hook()
+
     def _alloc(self, n_new, hit=0, hit_blocks=None, lookahead=0):
         r = self.req
+        if hit_blocks is None:
+            self._new_step()
         kw = {}
         if hit_blocks is not None:
             kw = dict(num_new_computed_tokens=hit, new_computed_blocks=hit_blocks)
@@ -166,6 +175,7 @@ class VllmTarget:
         request = self.engine.request(rid, keys)
         self.req = dict(id=rid, keys=keys, all=list(keys), request=request, chunks=[], seeded=False,
                         refused=False, prefilled=False)
+        self._new_step()
         got = self.m.get_computed_blocks(request)
         blocks, hit = got[0], got[1]
         boundary = got[2] if len(got) > 2 else 0

@@ -64,6 +64,7 @@ class Engine:
         self.torch, self.ku, self.sha256 = torch, ku, sha256
         self.KVCacheManager, self.Request, self.SamplingParams = KVCacheManager, Request, SamplingParams
         self.specs = (FullAttentionSpec, SlidingWindowSpec, MambaSpec, KVCacheConfig, KVCacheGroupSpec)
+        self.stubbed = sorted({n.split(".")[0] for n in stubs.STUBBED})     # answered by a stub, this process
         self.version = getattr(vllm, "__version__", "?")
         self.path = vllm.__file__
         ku.init_none_hash(sha256)
