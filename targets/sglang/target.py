@@ -29,8 +29,7 @@ from __future__ import annotations
 
 from targets.sglang.pool import TagAllocator
 from targets.sglang.rules import NOT_APPLICABLE, RULES
-
-UNIT = 4            # bytes the view counts per cached token (the machine's budgets are in bytes)
+from targets.sglang.view import UNIT, view_of      # UNIT: bytes the view counts per cached token
 
 
 class SglangTarget:
@@ -189,7 +188,6 @@ class SglangTarget:
             self.victims += sorted(before - after, key=len, reverse=True)
 
     def view(self):
-        from targets.sglang.view import view_of
         return view_of(self)
 
 

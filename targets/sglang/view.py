@@ -23,13 +23,15 @@ from __future__ import annotations
 from spec.view import View
 
 
+UNIT = 4            # bytes the view counts per cached token (the machine's budgets are in bytes)
+
+
 def clock(n) -> int:
     """A node's last_access_time as an integer clock, the same in every view (nanoseconds)."""
     return int(round(float(getattr(n, "last_access_time", 0.0)) * 1e9))
 
 
 def view_of(t) -> View:
-    from targets.sglang.target import UNIT
     a = t.alloc
     entries = t.nodes()
     root = t.cache.root_node
