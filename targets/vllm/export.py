@@ -26,6 +26,8 @@ Found by prefix-trie-mlx (targets/vllm) on vLLM {version}; rule {rule}: {rule_te
 Responsible: {where}
 {why}
 """
+import inspect
+
 import torch
 
 from vllm.sampling_params import SamplingParams
@@ -55,8 +57,10 @@ def make_manager():
                                         mamba_cache_mode="align")}}
     groups = [KVCacheGroupSpec([f"layer{{i}}"], specs[k]()) for i, k in enumerate(GROUPS)]
     cfg = KVCacheConfig(num_blocks=POOL, kv_cache_tensors=[], kv_cache_groups=groups)
-    return KVCacheManager(cfg, max_model_len=256, enable_caching=True, scheduler_block_size=BLOCK,
-                          hash_block_size=BLOCK, use_eagle=USE_EAGLE)
+    kw = dict(max_model_len=256, enable_caching=True, scheduler_block_size=BLOCK, hash_block_size=BLOCK,
+              use_eagle=USE_EAGLE)
+    params = inspect.signature(KVCacheManager.__init__).parameters      # older releases take fewer
+    return KVCacheManager(cfg, **{{k: v for k, v in kw.items() if k in params}})
 
 
 def make_request(rid, tokens):
@@ -69,6 +73,11 @@ class Driver:
     def __init__(self):
         self.m = make_manager()
         self.tags, self.mtags, self.paths = {{}}, {{}}, {{}}
+
+    def new_step(self):
+        """A scheduler step starts (vLLM's scheduler calls this before it schedules)."""
+        if hasattr(self.m, "new_step_starts"):
+            self.m.new_step_starts()
 
     def blocks(self, rid):
         return [[b.block_id for b in mgr.req_to_blocks.get(rid, ())]
@@ -102,7 +111,7 @@ class Driver:
         for g, kind in enumerate(GROUPS):
             ids = list(served[g]) + [0] * max(0, nb - len(served[g]))
             need = range(nb) if kind == "full" else (
-                range(max(0, nb - -(-(WINDOW - 1) // BLOCK)), nb) if kind == "swa" else range(nb - 1, nb))
+                range(max(0, nb - -(-(WINDOW - 1) // BLOCK)), nb) if kind == "swa" else range(max(0, nb - 1), nb))
             for i in need:
                 prefix = req.all_token_ids[:(i + 1) * BLOCK]
                 assert ids[i] and self.block_holds(kind, ids[i], prefix), (
@@ -128,6 +137,7 @@ class Driver:
             if name == "begin":
                 n += 1
                 req = make_request(f"r{{n}}", op["keys"])
+                self.new_step()
                 got = self.m.get_computed_blocks(req)
                 blocks, hit = got[0], got[1]
                 served = blocks.get_block_ids()
@@ -144,6 +154,7 @@ class Driver:
                 while req.num_computed_tokens < len(op_keys(req)) and (k is None or k > 0):
                     p = req.num_computed_tokens
                     q = min(len(op_keys(req)), p + CHUNK)
+                    self.new_step()
                     assert self.m.allocate_slots(req, q - p) is not None
                     self.write(req, op_keys(req)[p:q], p)
                     req.num_computed_tokens = q
@@ -156,6 +167,7 @@ class Driver:
                 drafts = [1000 + op["key"] + i for i in range(DRAFTS)]
                 req.spec_token_ids = list(drafts)
                 p = req.num_computed_tokens
+                self.new_step()
                 assert self.m.allocate_slots(req, 1 + DRAFTS, num_lookahead_tokens=DRAFTS) is not None
                 self.write(req, [op["key"]] + drafts, p)
                 req.num_computed_tokens = p + 1

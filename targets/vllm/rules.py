@@ -46,6 +46,12 @@ CAUSES = {
                       "(Mamba) is then looked up to the shortened length plus one block and may hit deeper "
                       "than full attention, and the simple-hybrid path stops after one pass: the hit claims "
                       "tokens whose full-attention blocks it does not serve (cf. vllm-project/vllm PR #45614)"),
+    ("S1", "eagle"): ("vllm.v1.core.kv_cache_coordinator", "HybridKVCacheCoordinator.find_longest_cache_hit",
+                      "curr_hit_length + spec.block_size",
+                      "the EAGLE-extended Mamba lookup claims tokens the full-attention group does not serve; "
+                      "allocate_slots gives the request fresh full-attention blocks for them that no forward "
+                      "writes (they count as computed), and cache_blocks then caches those blocks under the "
+                      "prefix's hash: a poisoned entry that later requests are served as a genuine hit"),
     ("C1", "any"): ("vllm.v1.core.kv_cache_coordinator", "HybridKVCacheCoordinator.find_longest_cache_hit",
                     "hit_length", "the hit length and the blocks served per group disagree"),
     ("C2", "any"): ("vllm.v1.core.kv_cache_coordinator", "HybridKVCacheCoordinator.find_longest_cache_hit",
