@@ -3,8 +3,8 @@
 `--repeat` runs after one warm-up run.
 
 On the 2-core CPU this ratio moves by +-50 % between runs made hours apart, more than most changes do:
-compare two versions of the code with this script, run by turns in one session (copy it into the
-older checkout; it imports `bench` and `impl` from the current directory).
+compare two versions of the code with this script, alternating runs of the two on one machine within
+minutes (copy it into the older checkout; it imports `bench` and `impl` from the current directory).
 
 Run: LD_PRELOAD=<OpenBLAS> .venv/bin/python -m bench.bookkeeping [--models qwen3next]
      [--workloads chat,branching,agent] [--repeat 3]

@@ -194,8 +194,8 @@ def test_go_export_names_ollama_test_helpers():
 
 
 def test_go_export_leaves_no_step_as_a_comment_and_sizes_arrays_not_the_budget():
-    """Issue 50: budget steps used to be comments, since maxPagedOutBytes is a constant. Now the sizes
-    change instead: unit = maxPagedOutBytes / budget real bytes per program byte, and set_budget rescales
+    """maxPagedOutBytes is a constant, so a budget step changes the sizes instead of the budget:
+    unit = maxPagedOutBytes / budget real bytes per program byte, and set_budget rescales
     every snapshot made so far, then evicts. Each rule's check is code, and every name a file defines is
     prefixed by its test's name, so several exports paste side by side."""
     reset = dict(op="reset", layout="hybrid", budget=400, interval=8, near_end=4, chunk=8)
