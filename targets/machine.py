@@ -235,23 +235,29 @@ def hunt_once(target, hunt: Hunt, config: dict, max_examples: int = 40, steps: i
     return None
 
 
+def send(target, op: dict) -> None:
+    """One operation of a saved program (its wire form) to a target."""
+    name = op["op"]
+    if name == "reset":
+        target.reset(**{k: v for k, v in op.items() if k != "op"})
+    elif name == "begin":
+        target.begin(op["keys"], [tuple(s) for s in op["spans"]])
+    elif name == "prefill":
+        target.prefill(op["max_chunks"] or None)
+    elif name == "step":
+        target.step(op["key"])
+    elif name == "close":
+        target.close()
+    elif name == "set_budget":
+        target.set_budget(op["budget"])
+
+
 def replay(target, ops: list) -> list:
     """Run a saved program on a target; returns the violations seen (rule, message)."""
     found, before = [], None
     for op in ops:
         name = op["op"]
-        if name == "reset":
-            target.reset(**{k: v for k, v in op.items() if k != "op"})
-        elif name == "begin":
-            target.begin(op["keys"], [tuple(s) for s in op["spans"]])
-        elif name == "prefill":
-            target.prefill(op["max_chunks"] or None)
-        elif name == "step":
-            target.step(op["key"])
-        elif name == "close":
-            target.close()
-        elif name == "set_budget":
-            target.set_budget(op["budget"])
+        send(target, op)
         view = target.view()
         wire = dict(op, keys=view.request.keys) if name == "begin" and view.request else op
         vs = check_view(view) + check_op(before, as_op(wire, target.outcome), view, target.merges)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from spec.rules_eviction import deepest_restore, e2_evictable
 from spec.view import View
 from targets.report import program_text
+from targets.machine import send
 from targets.viewcheck import as_op, check_op, check_view
 
 WHOLE = ("recurrent", "windowed")
@@ -37,18 +38,7 @@ def trace(target, ops: list) -> list:
     out, before = [], None
     for i, op in enumerate(ops):
         name = op["op"]
-        if name == "reset":
-            target.reset(**{k: v for k, v in op.items() if k != "op"})
-        elif name == "begin":
-            target.begin(op["keys"], [tuple(s) for s in op["spans"]])
-        elif name == "prefill":
-            target.prefill(op["max_chunks"] or None)
-        elif name == "step":
-            target.step(op["key"])
-        elif name == "close":
-            target.close()
-        elif name == "set_budget":
-            target.set_budget(op["budget"])
+        send(target, op)
         after = target.view()
         wire = dict(op, keys=after.request.keys) if name == "begin" and after.request else op
         found = {}
