@@ -16,8 +16,6 @@ Invariants of every exported test:
 """
 from __future__ import annotations
 
-import json
-
 from targets.vllm.engine import BLOCK, LAYOUTS, WINDOW
 
 TEMPLATE = '''"""{title}
@@ -203,7 +201,7 @@ def export(finding: dict) -> str | None:
         return None
     ops = [o for o in finding["ops"] if o["op"] in ("begin", "prefill", "step", "close")]
     from targets.vllm.adapter import LOOKAHEAD, wire
-    ops = [dict(o, keys=[wire(k) for k in o["keys"]]) if o["op"] == "begin" else
+    ops = [{"op": "begin", "keys": [wire(k) for k in o["keys"]]} if o["op"] == "begin" else
            ({"op": "step", "key": wire(o["key"])} if o["op"] == "step" else
             {k: v for k, v in o.items() if k in ("op", "max_chunks")}) for o in ops]
     layout = finding["layout"]
@@ -214,4 +212,4 @@ def export(finding: dict) -> str | None:
         rule=rule, rule_text=RULE_TEXT[rule], where=finding.get("where", ""), why=finding.get("why", ""),
         block=BLOCK, window=WINDOW, chunk=reset.get("chunk", 8), groups=repr(("full",) + LAYOUTS[layout]),
         eagle=layout.endswith("-eagle"), drafts=LOOKAHEAD if layout.endswith("-spec") else 0,
-        program=json.dumps(ops), name=name)
+        program=repr(ops), name=name)
