@@ -1,5 +1,6 @@
 """`./dev check-vllm [check] [--minutes N] [--report DIR] [--src PATH | --release X.Y.Z] [--layouts a,b]`
 `./dev check-vllm replay [--src PATH ... | --release X ... | --repo CHECKOUT --range A..B] PROGRAM.json ...`
+  (also spelled `--replay PROGRAM.json ...`; `--version X` = `--release X`)
 `./dev check-vllm release X.Y.Z` (unpack a release's Python sources from PyPI: prints the --src path)
 
 check: hunts rule violations of vLLM's prefix cache (targets.vllm.adapter) for N minutes (default 10)
@@ -154,6 +155,8 @@ def replay(args) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--replay" in argv:                       # check-ollama's spelling: --replay P.json ... = replay P.json ...
+        argv = ["replay"] + [a for a in argv if a != "--replay"]
     if not argv or argv[0].startswith("-"):
         argv = ["check"] + argv
     ap = argparse.ArgumentParser(prog="check-vllm")
@@ -163,11 +166,11 @@ def main(argv=None) -> int:
     c.add_argument("--report", default="reports/vllm")
     c.add_argument("--layouts", default="")
     c.add_argument("--src")
-    c.add_argument("--release")
+    c.add_argument("--release", "--version", dest="release")
     r = sub.add_parser("replay")
     r.add_argument("programs", nargs="+")
     r.add_argument("--src", action="append")
-    r.add_argument("--release", action="append")
+    r.add_argument("--release", "--version", dest="release", action="append")
     r.add_argument("--repo")
     r.add_argument("--range")
     o = sub.add_parser("replay-one")
