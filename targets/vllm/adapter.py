@@ -34,7 +34,7 @@ fake of targets.vllm.fake (CI), driven by the same code.
 """
 from __future__ import annotations
 
-from targets.vllm.engine import BLOCK, LAYOUTS, WINDOW, load
+from targets.vllm.engine import BLOCK, load, window_blocks
 from targets.vllm.rules import NOT_APPLICABLE, RULES
 
 POOL = 192                 # blocks in the pool
@@ -275,7 +275,3 @@ class VllmTarget:
         from targets.vllm.view import view_of
         return view_of(self)
 
-
-def window_blocks() -> int:
-    """Blocks a sliding-window state at a block end needs: the last WINDOW - 1 positions."""
-    return -(-(WINDOW - 1) // BLOCK)

@@ -35,6 +35,11 @@ LAYOUTS = {"full": (), "swa": ("swa",), "mamba": ("mamba",), "hybrid": ("swa", "
            "full-eagle": (), "mamba-eagle": ("mamba",), "hybrid-eagle": ("swa", "mamba")}
 
 
+def window_blocks() -> int:
+    """Blocks a sliding-window state at a block end needs: the last WINDOW - 1 positions."""
+    return -(-(WINDOW - 1) // BLOCK)
+
+
 def _kw(fn, **kw):
     params = inspect.signature(fn).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):

@@ -12,7 +12,7 @@ Mapping (invariants):
   is one block [e - 1, e). Unknown hashes are counted in `unknown` (none expected).
 - Layers, one per KV cache group: full attention -> "kv" (a snapshot per cached block, content =
   the tags the block holds, ident = block id, 1 unit); sliding window -> "windowed" with window
-  adapter.window_blocks() (a snapshot at node e when the blocks covering the last WINDOW - 1
+  engine.window_blocks() (a snapshot at node e when the blocks covering the last WINDOW - 1
   positions before e are all cached on this path; content = their tags; 0 units: the blocks are
   shared by neighbouring states); Mamba -> "recurrent" (a snapshot per cached block; content = the
   prefix whose state the block holds; ident = block id; 1 unit). Where one hash maps to several
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from spec.view import View
 
-from targets.vllm.engine import BLOCK
+from targets.vllm.engine import BLOCK, window_blocks
 
 
 def intern(t, tup) -> int:
@@ -62,7 +62,6 @@ def state_of(t, prefix) -> tuple:
 
 
 def view_of(t) -> View:
-    from targets.vllm.adapter import window_blocks
     kinds = t.kinds
     wb = window_blocks()
     layers = [{"kind": {"full": "kv", "swa": "windowed", "mamba": "recurrent"}[k], "cost": 1,
