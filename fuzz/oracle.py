@@ -35,6 +35,7 @@ import numpy as np
 from impl.caches.base import live_snapshots
 from impl.engine import Engine
 from impl.invariants import violations
+from impl.trie import common_prefix
 
 from .alive import ALIVE, _BASE, engines_bytes, held_snapshots, loaded_weight_bytes, register, teardown
 from .cold import ColdOracle, chunking_tie
@@ -53,13 +54,6 @@ class Failure(Exception):
 
 
 # --------------------------------------------------------------------- runner
-def _lcp(a, b) -> int:
-    n, m = 0, min(len(a), len(b))
-    while n < m and a[n] == b[n]:
-        n += 1
-    return n
-
-
 @dataclass
 class OpRecord:
     index: int
@@ -205,7 +199,7 @@ class Runner:
         from impl.media import keys_of, noncausal_spans
         keys = keys_of(tokens, media)
         n = len(keys)
-        lcp = max((_lcp(keys, s) for s in self.streams), default=0)
+        lcp = max((common_prefix(keys, s) for s in self.streams), default=0)
         lcp = min(lcp, n - 1)
         for a, e in noncausal_spans(media):
             if a < lcp < e:

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from impl.trie import common_prefix
+
 from .replayer import Fwd, NotReplayable, Replayer, Source, Splice, Step, describe
 
 MAX_CANDIDATES = 12     # candidate resumes tried per request
@@ -85,13 +87,6 @@ def _impl_rows(engine, r: int) -> dict:
     return out
 
 
-def _lcp(a, b) -> int:
-    n, m = 0, min(len(a), len(b))
-    while n < m and a[n] == b[n]:
-        n += 1
-    return n
-
-
 class Replay:
     """One engine's history and the exact C1 judge of each of its requests (see the header)."""
 
@@ -108,14 +103,14 @@ class Replay:
             live = self.streams[-1] if self.streams else None
             out = []
             for w in reversed(self.streams):
-                if len(w.keys) >= r and _lcp(w.keys[:r], keys[:r]) >= r:
+                if w.keys[:r] == keys[:r] and len(w.keys) >= r:
                     kept = w is live and len(live.keys) == r
                     out += [Splice(tuple(segments), ws, r, restored) for ws in w.states
                             for restored in ((False, True) if kept else (True,))]
             return out[:MAX_CANDIDATES]
-        writers = [s for s in reversed(self.streams) if len(s.keys) >= r and _lcp(s.keys[:r], keys[:r]) >= r]
+        writers = [s for s in reversed(self.streams) if len(s.keys) >= r and s.keys[:r] == keys[:r]]
         live = self.streams[-1] if self.streams else None
-        c = min(_lcp(live.keys, keys), r) if live is not None else 0
+        c = min(common_prefix(live.keys, keys), r) if live is not None else 0
         out = []
         for w in writers:
             # the live caches resting exactly at r are used as they are; else whole states are restored
@@ -140,7 +135,7 @@ class Replay:
             return None
         owner = [None] * r
         for st in list(reversed(self.streams))[:MAX_WRITERS]:
-            m = min(_lcp(st.keys, keys), r)
+            m = min(common_prefix(st.keys, keys), r)
             for ws in (st.states if m > 0 else ()):
                 try:
                     theirs = self.run.kv_rows(ws, m)

@@ -197,7 +197,6 @@ class Replayer:
         self.lm, self.model, self.max_kv_size = lm, lm.model, max_kv_size
         self.memo: OrderedDict = OrderedDict()
         self.memo_bytes = 0
-        self.forwards = 0
         self._media = None
 
     def fresh(self):
@@ -285,7 +284,6 @@ class Replayer:
         finally:
             if undo:
                 undo()
-        self.forwards += 1
         return out
 
     def _patch(self, caches, s: Step, hits):

@@ -27,6 +27,7 @@ Invariants: the driver only calls the cache's public methods (engine.Api); it re
 """
 from __future__ import annotations
 
+from spec.trie import common_prefix
 from targets.sglang.pool import TagAllocator
 from targets.sglang.rules import NOT_APPLICABLE, RULES
 from targets.sglang.view import UNIT, view_of      # UNIT: bytes the view counts per cached token
@@ -100,7 +101,7 @@ class SglangTarget:
         keys = tuple(int(k) for k in keys)
         self.clock += 1
         tree = [k for k, _, _ in self.nodes()]
-        common = max([0] + [_common(k, keys) for k in tree])
+        common = max([0] + [common_prefix(k, keys) for k in tree])
         matched = min(common, len(keys) - 1)
         node = self.api.match(self.cache, keys[:-1])
         slots = self.slots_of(node)
@@ -189,12 +190,3 @@ class SglangTarget:
 
     def view(self):
         return view_of(self)
-
-
-def _common(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
