@@ -13,6 +13,10 @@ import os
 
 from hypothesis import HealthCheck, Phase, settings
 
+from impl.platform import apply_device_env
+
+apply_device_env()        # PREFIX_TRIE_DEVICE=cpu|gpu (impl/platform.py)
+
 settings.register_profile(
     "ci", max_examples=60, stateful_step_count=40, deadline=None, derandomize=True,
     print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

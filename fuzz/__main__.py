@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from impl.platform import reexec_with_openblas
+from impl.platform import apply_device_env, reexec_with_openblas
 
 
 def campaign_parser() -> argparse.ArgumentParser:
@@ -117,6 +117,7 @@ def main_replay(argv) -> int:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     reexec_with_openblas("fuzz", guard="FUZZ_NO_REEXEC")
+    apply_device_env()
     if argv and argv[0] == "replay":
         return main_replay(argv[1:])
     return main_campaign(argv)

@@ -18,6 +18,9 @@ allocation after it paid about 1 ms for them on SmolLM2, and that was often a pr
 growing by a few keys, so the forward's cost was counted as bookkeeping. ``settle_allocator()``, called
 where a forward ends, pays that deferred work there (the next forward paid it otherwise: the total is
 unchanged); docs/engine.md, "The allocator's deferred frees".
+
+``PREFIX_TRIE_DEVICE=cpu|gpu`` picks MLX's default device for the suite, the fuzz campaign and runner
+processes (``apply_device_env()``): a GPU machine's CPU backend is a cell of docs/platform.md's matrix.
 """
 from __future__ import annotations
 
@@ -51,6 +54,17 @@ def settle_allocator() -> None:
     nothing elsewhere."""
     if _LIBC is not None:
         _LIBC.free(_LIBC.malloc(_LARGE))
+
+
+def apply_device_env() -> None:
+    """Make ``$PREFIX_TRIE_DEVICE`` (cpu or gpu) MLX's default device; unset: MLX's own default."""
+    name = os.environ.get("PREFIX_TRIE_DEVICE", "").strip().lower()
+    if not name:
+        return
+    if name not in ("cpu", "gpu"):
+        raise SystemExit(f"PREFIX_TRIE_DEVICE must be cpu or gpu, not {name!r}")
+    import mlx.core as mx
+    mx.set_default_device(mx.cpu if name == "cpu" else mx.gpu)
 
 
 def openblas_available() -> bool:

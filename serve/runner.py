@@ -55,6 +55,7 @@ from concurrent.futures import Future
 from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+from impl.platform import apply_device_env
 from serve import budget as budgets
 from serve.decoding import StopMatcher, TextStream, make_sampler
 from serve.engines import engine_arg, load_engine, mlx_figures
@@ -337,6 +338,7 @@ def main(argv=None) -> int:
     threading.Thread(target=httpd.serve_forever, daemon=True, name="http").start()
 
     try:
+        apply_device_env()
         engine, tokenizer, info = load_engine(args, extra)
         info["budget"], info["budget_rule"] = budgets.resolve(args.cache_budget)
         if hasattr(engine, "set_budget"):

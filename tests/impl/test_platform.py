@@ -103,3 +103,23 @@ def test_every_engine_forward_settles_the_allocator_inside_its_timing(monkeypatc
     monkeypatch.setattr(e, "_forward", counted)
     e.generate(list(range(1, 40)), max_tokens=5, stop_at_eos=False)
     assert forwards[0] >= 2 and len(calls) == forwards[0]
+
+
+def test_device_env_picks_the_default_device_and_refuses_other_names(monkeypatch):
+    """PREFIX_TRIE_DEVICE=cpu makes the CPU MLX's default device (a GPU machine's CPU cell); a name
+    other than cpu or gpu stops with a message that names it; unset changes nothing."""
+    import mlx.core as mx
+
+    old = mx.default_device()
+    try:
+        monkeypatch.delenv("PREFIX_TRIE_DEVICE", raising=False)
+        platform.apply_device_env()
+        assert mx.default_device() == old
+        monkeypatch.setenv("PREFIX_TRIE_DEVICE", "CPU")
+        platform.apply_device_env()
+        assert mx.default_device() == mx.cpu
+        monkeypatch.setenv("PREFIX_TRIE_DEVICE", "tpu")
+        with pytest.raises(SystemExit, match="'tpu'"):
+            platform.apply_device_env()
+    finally:
+        mx.set_default_device(old)
