@@ -7,6 +7,10 @@ nightly: many more examples and longer state-machine runs.
 mutation: the ci volume without shrinking, for stateful_tests/mutation.py;
          mutation-deep: its second pass (400 examples of 60 steps).
 Select with HYPOTHESIS_PROFILE; CI=true selects "ci".
+
+Example database: Hypothesis's default (.hypothesis/examples) unless HYPOTHESIS_GITHUB_REPO=owner/name
+is set; then dev and nightly read the nightly's merged database of that repository too, read only
+(stateful_tests/database.py, docs/fuzz.md "Sharded nightly"). Derandomized profiles have none.
 """
 import importlib.util
 import os
@@ -14,18 +18,20 @@ import os
 from hypothesis import HealthCheck, Phase, settings
 
 from impl.platform import apply_device_env
+from stateful_tests.database import shared_example_database
 
 apply_device_env()        # PREFIX_TRIE_DEVICE=cpu|gpu (impl/platform.py)
+SHARED = {} if shared_example_database() is None else {"database": shared_example_database()}
 
 settings.register_profile(
     "ci", max_examples=60, stateful_step_count=40, deadline=None, derandomize=True,
     print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile(
     "dev", max_examples=100, stateful_step_count=50, deadline=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow])
+    suppress_health_check=[HealthCheck.too_slow], **SHARED)
 settings.register_profile(
     "nightly", max_examples=5000, stateful_step_count=200, deadline=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], **SHARED)
 # For stateful_tests/mutation.py: the ci volume, derandomised, no shrinking (a kill needs one failure).
 settings.register_profile(
     "mutation", max_examples=60, stateful_step_count=40, deadline=None, derandomize=True,

@@ -1,15 +1,10 @@
 """Example database for the state machines (docs/stateful_tests.md).
 
-The profiles (ci / dev / nightly) come from the root conftest.py. Here we only
-choose where failing examples are saved and replayed from:
-
-- always: the local DirectoryBasedExampleDatabase (HYPOTHESIS_DATABASE_DIR,
-  default .hypothesis/examples), where the nightly run saves what it finds
-  and which its workflow uploads as the artifact "hypothesis-example-db";
-- when HYPOTHESIS_GITHUB_REPO=owner/name is set (and GITHUB_TOKEN, needed
-  for private repositories and for the API rate limit): that artifact, read
-  only, layered under the local one with MultiplexedDatabase, so a local
-  run replays first whatever the nightly (or CI) found.
+The profiles (ci / dev / nightly) come from the root conftest.py; the database from
+stateful_tests/database.py: the local DirectoryBasedExampleDatabase (HYPOTHESIS_DATABASE_DIR,
+default .hypothesis/examples) and, with HYPOTHESIS_GITHUB_REPO=owner/name, the nightly's merged
+artifact "hypothesis-example-db" read only under it (MultiplexedDatabase), so a local run replays
+first whatever the nightly found.
 
 The ci profile is derandomized, which in Hypothesis implies database=None:
 CI runs stay hermetic and reproduce by seed (print_blob is on), and
@@ -17,29 +12,11 @@ CI runs stay hermetic and reproduce by seed (print_blob is on), and
 """
 from __future__ import annotations
 
-import os
-
 from hypothesis import settings
-from hypothesis.database import (DirectoryBasedExampleDatabase, GitHubArtifactDatabase, MultiplexedDatabase,
-                                 ReadOnlyDatabase)
 
-ARTIFACT = os.environ.get("HYPOTHESIS_ARTIFACT_NAME", "hypothesis-example-db")
+from stateful_tests.database import example_database, shared_example_database
 
-
-def example_database(env=None):
-    """The database the environment asks for (see the module docstring)."""
-    env = os.environ if env is None else env
-    local = DirectoryBasedExampleDatabase(env.get("HYPOTHESIS_DATABASE_DIR", ".hypothesis/examples"))
-    repo = env.get("HYPOTHESIS_GITHUB_REPO", "")
-    if "/" not in repo:
-        return local
-    owner, name = repo.split("/", 1)
-    shared = ReadOnlyDatabase(GitHubArtifactDatabase(owner, name, artifact_name=env.get(
-        "HYPOTHESIS_ARTIFACT_NAME", ARTIFACT)))
-    return MultiplexedDatabase(local, shared)
-
-
-DATABASE = example_database()
+DATABASE = example_database() if shared_example_database() is None else shared_example_database()
 
 
 def stateful_settings(**overrides) -> settings:
