@@ -1,8 +1,9 @@
 """fuzz/merge.py merges the reports of a sharded campaign (the nightly's merge job).
 
 The shard reports in tests/data/fuzz_shards/ are real campaign output, checked in (a campaign takes
-15-45 s here, too slow for this test), summary.json and cases/ as `python -m fuzz` wrote them at
-b29410f (fuzz/ unmodified there):
+15-45 s here, too slow for this test): summary.json and cases/ as `python -m fuzz` wrote them with
+fuzz/ at b29410f (the two SmolLM2 shards on the shared working tree, whose impl/ then held other
+uncommitted work; the mamba2 shard on a clean `git archive b29410f` copy plus the plant):
 
   smollm2-seed1, smollm2-seed2   ./dev fuzz --requests 3 --model smollm2 --seed 1|2 --report DIR --no-progress
   mamba2-seed3-planted           ./dev fuzz --requests 4 --case-len 4 --model mamba2 --seed 3 --report DIR
@@ -32,8 +33,9 @@ PLANTED = SHARDS / "mamba2-seed3-planted"
 
 
 def _run(*args: str):
-    return subprocess.run([sys.executable, "-m", "fuzz.merge", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    """python -S: no site-packages, as the merge job has none (standard library only)."""
+    return subprocess.run([sys.executable, "-S", "-m", "fuzz.merge", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
 
 
 def test_two_clean_shards_merge_per_model(tmp_path):
