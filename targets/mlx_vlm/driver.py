@@ -1,0 +1,140 @@
+"""ServerDriver: one request at a time through mlx-vlm's own BatchGenerator and APCManager, in the
+order `mlx_vlm.server.generation` makes the calls, plus the record of what each stored block holds.
+
+Per request (`ResponseGenerator.generate` then its GPU worker):
+  1. the APC salt: `apc.semantic_extra_hash(tenant=None, image_hash=hash_image_payload(pixel_values),
+     media={"audio": ..., "video": ...}, model=language_model, processor=processor)`;
+  2. the batch generator's coordinator `.prepare_prefill(prompt tokens, prefill_step_size=...)` (the
+     byte budget is enforced here, evicting idle blocks);
+  3. `model.get_input_embeddings(input_ids, pixel_values, mask=..., image_grid_thw=...)`, its outputs
+     and `_apc_semantic_hash` as the prompt kwargs (pixel_values dropped), as `_gpu_embed` does;
+  4. `BatchGenerator(model.language_model, ..., apc_manager=manager)` (one for the driver's life, as the
+     worker keeps one while requests come) `.insert([ids], ...)`, then `.next()` until it finishes.
+The lookup BatchGenerator makes (`_apc_pick_for`) is observed, not changed: the driver wraps the bound
+method to record the prefix length it returns.
+
+The manager is `apc.from_env(overrides=...)`: the server's constructor, with its defaults but for a
+block size of 4 (small programs then store blocks), no memory reserve (the reserve is sized from the
+host's free RAM), and the disk tier (on by default) in a temporary folder, with
+APC_DISK_MIN_FREE_RAM_GB=0 so a disk restore does not depend on the host's free memory.
+
+Contents (`content`): block hash -> the keys its K/V were computed from. A block present (in memory or
+on disk) before a request keeps its record; a block the request made present holds the request's own
+keys there. The K/V a request resumes from are the records of the blocks it restored.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+from targets.mlx_vlm import models
+
+BLOCK = 4
+
+
+class ServerDriver:
+    def __init__(self, block_size: int = BLOCK, num_blocks: int = 256, disk: bool = True, images=None,
+                 disk_path: str | None = None, model=None, image_kind: str = "random"):
+        os.environ["APC_DISK_MIN_FREE_RAM_GB"] = "0"
+        from mlx_vlm import apc
+        from mlx_vlm.generate.ar import BatchGenerator
+        self.apc = apc
+        self.model = model or models.load()
+        self.processor = models.Processor()
+        self.images, self.image_kind = dict(images or {}), image_kind
+        self.disk_path = disk_path or (tempfile.mkdtemp(prefix="mlxvlm-apc-") if disk else None)
+        over = {"enabled": True, "block_size": block_size, "num_blocks": num_blocks, "memory_reserve_gb": 0,
+                "disk_enabled": bool(self.disk_path), "disk_path": self.disk_path or ""}
+        self.manager = apc.from_env(overrides=over)
+        self.gen = BatchGenerator(self.model.language_model, self.processor, max_tokens=1,
+                                  apc_manager=self.manager)
+        self.block = block_size
+        self.content: dict = {}            # block hash -> keys its K/V were computed from
+        self.links: dict = {}              # block hash -> parent hash
+        self.picks: list = []              # prefix lengths the generator's lookups returned
+        pick = self.gen._apc_pick_for
+
+        def observed(sequence):
+            p = pick(sequence)
+            self.picks.append(0 if p is None else int(p["prefix_len"]))
+            return p
+        self.gen._apc_pick_for = observed
+        self.uid = None
+
+    # ------------------------------------------------------------ one request
+    def salt(self, raw) -> int:
+        pv = raw.get("pixel_values")
+        image_hash = self.apc.hash_image_payload(pixel_values=pv) if pv is not None else 0
+        return self.apc.semantic_extra_hash(tenant=None, image_hash=image_hash,
+                                            media={"audio": raw.get("input_features"),
+                                                   "video": raw.get("pixel_values_videos")},
+                                            model=self.model.language_model, processor=self.processor)
+
+    def start(self, keys) -> int:
+        """Insert the request and run the generator's first step (its APC lookup); the resume offset."""
+        ids, raw = models.request(keys, self.processor, self.images, self.image_kind)
+        self.keys, self.ids, self.extra = list(keys), ids, self.salt(raw)
+        if self.gen.apc is not None:                    # the worker's admission step, before embedding
+            self.gen.apc.prepare_prefill(len(ids), prefill_step_size=self.gen.prefill_step_size)
+        self.present_before = {h for h in self.chain(ids, self.extra) if self.present(h)}
+        data = {k: v for k, v in raw.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
+        emb = self.model.get_input_embeddings(raw["input_ids"], raw.get("pixel_values"),
+                                              mask=raw["attention_mask"], **data)
+        kw = {**data, **{k: v for k, v in emb.to_dict().items() if v is not None},
+              "_apc_semantic_hash": self.extra}
+        seen = len(self.picks)
+        (self.uid,) = self.gen.insert([ids], max_tokens=[1], prompt_kwargs=[kw])
+        self.done = False
+        self.advance()
+        self.resume = self.picks[seen] if len(self.picks) > seen else 0
+        return self.resume
+
+    def advance(self, steps: int | None = None) -> None:
+        """next() until the request finishes (or `steps` times)."""
+        n = 0
+        while not self.done and (steps is None or n < steps):
+            _, gens = self.gen.next()
+            n += 1
+            self.done = any(r.uid == self.uid and r.finish_reason is not None for r in gens)
+            if not gens and self.gen._prompt_batch is None and not self.gen._unprocessed_sequences \
+                    and len(self.gen._generation_batch) == 0:
+                self.done = True
+        if self.done:
+            self.settle()
+
+    def cancel(self) -> None:
+        if not self.done:
+            self.gen.remove(self.uid)
+            self.done = True
+            self.settle()
+
+    def settle(self) -> None:
+        if self.manager.disk is not None:
+            self.manager.disk.flush()
+        parent = self.apc.SEED_PARENT_HASH
+        for i, h in enumerate(self.chain(self.ids, self.extra)):
+            if self.present(h) and h not in self.present_before:
+                self.content[h] = tuple(self.keys[i * self.block:(i + 1) * self.block])
+                self.links[h] = parent
+            parent = h
+
+    # ------------------------------------------------------------ the cache's state
+    def chain(self, ids, extra) -> list:
+        out, parent = [], self.apc.SEED_PARENT_HASH
+        for i in range(len(ids) // self.block):
+            parent = self.apc._hash_tokens(parent, tuple(ids[i * self.block:(i + 1) * self.block]), extra)
+            out.append(parent)
+        return out
+
+    def present(self, h) -> bool:
+        return h in self.manager.hash_table or (self.manager.disk is not None and self.manager.disk.has(h))
+
+    def restored(self) -> tuple:
+        """What the open request's resumed K/V hold: the records of the blocks it resumed from."""
+        hs = self.chain(self.ids, self.extra)[:self.resume // self.block]
+        return tuple(k for h in hs for k in self.content.get(h, (None,) * self.block))
+
+    def close(self) -> None:
+        if self.manager.disk is not None:
+            self.manager.disk.flush()
+            self.manager.close()

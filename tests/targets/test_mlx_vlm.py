@@ -1,0 +1,127 @@
+"""targets/mlx_vlm: the view and the rule set on a planted-fault fake of the driver (always), and on
+mlx-vlm's own automatic prefix cache when mlx-vlm is importable (MLXVLM_PYTHON's venv:
+targets/mlx_vlm/install.sh), else skipped."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from spec.media import fold_key
+from spec.rules import check
+from targets.base import ALL_RULES
+from targets.mlx_vlm.target import NOT_APPLICABLE, RULES
+from targets.mlx_vlm.view import view_of
+
+HAVE_MLX_VLM = importlib.util.find_spec("mlx_vlm") is not None
+needs_mlx_vlm = pytest.mark.skipif(not HAVE_MLX_VLM, reason="mlx-vlm is not installed here: run "
+                                   "targets/mlx_vlm/install.sh and the tests with MLXVLM_PYTHON")
+BLOCK_BYTES = 256                      # per layer, in the fake
+
+
+def test_rules_cover_every_id():
+    assert set(RULES) | set(NOT_APPLICABLE) == set(ALL_RULES) and not set(RULES) & set(NOT_APPLICABLE)
+
+
+# ------------------------------------------------------------------ the fake (no mlx-vlm)
+class FakeDriver:
+    """The driver's state as view.py reads it: blocks by hash (memory), their recorded contents and
+    parents, the manager's counter and budget. `fault` plants one bug."""
+
+    def __init__(self, chains, fault=None, budget=1 << 40):
+        self.block, self.content, self.links, table = 2, {}, {}, {}
+        for keys in chains:
+            parent = 0
+            for i in range(len(keys) // 2):
+                h = hash((parent, tuple(keys[2 * i:2 * i + 2])))
+                self.content[h], self.links[h] = tuple(keys[2 * i:2 * i + 2]), parent
+                arr = SimpleNamespace(nbytes=BLOCK_BYTES // 2)
+                table[h] = SimpleNamespace(kv_handle=lambda a=arr: SimpleNamespace(keys=[a, a], values=[a, a]))
+                parent = h
+        resident = len(table) * 2 * BLOCK_BYTES + (BLOCK_BYTES if fault == "unreachable-bytes" else 0)
+        self.manager = SimpleNamespace(hash_table=table, resident_bytes=lambda: resident, memory_max_bytes=budget,
+                                       disk=None)
+        self.apc = SimpleNamespace(SEED_PARENT_HASH=0)
+        self.model = SimpleNamespace(layers=[0, 1])
+
+    def present(self, h):
+        return h in self.manager.hash_table
+
+
+def request(keys, resume, live):
+    return {"keys": keys, "spans": [], "matched": resume, "resume": resume, "live": live}
+
+
+def test_fake_clean_state_breaks_no_rule():
+    d = FakeDriver([[1, 2, 3, 4, 5, 6], [1, 2, 9, 9]])
+    assert check(view_of(d), RULES) == []
+    assert check(view_of(d, request([1, 2, 3, 4, 7], 4, (1, 2, 3, 4))), RULES) == []
+
+
+@pytest.mark.parametrize("fault,rule", [("other-image", "C1"), ("unreachable-bytes", "A1"), ("over-budget", "E1")])
+def test_fake_planted_faults_are_caught(fault, rule):
+    a, b = fold_key(b"page", (28, 84), 4), fold_key(b"page", (84, 28), 4)
+    d = FakeDriver([[a, a, a, a, 1, 2]], fault, budget=100 if fault == "over-budget" else 1 << 40)
+    req = request([b, b, b, b, 1, 3], 4, (a, a, a, a)) if fault == "other-image" else None
+    assert rule in {v.rule for v in check(view_of(d, req), RULES)}
+
+
+# ------------------------------------------------------------------ mlx-vlm itself
+def req_ops(keys, cancel=False):
+    if cancel:
+        return [dict(op="begin", keys=keys, spans=[]), dict(op="prefill", max_chunks=1), dict(op="close")]
+    return [dict(op="begin", keys=keys, spans=[]), dict(op="prefill", max_chunks=None),
+            dict(op="step", key=keys[-1]), dict(op="close")]
+
+
+@needs_mlx_vlm
+def test_mlx_vlm_media_program_breaks_no_rule():
+    """Same image twice, two different images of one token count, an image at another position,
+    text-only turns, a budget that evicts, a cancel: judged by the rules, nothing flagged."""
+    from targets.mlx_vlm.search import run
+    a, b = fold_key(b"a", (), 3), fold_key(b"b", (), 3)
+    ops = (req_ops([1, 2, a, a, a, 3, 4, 1, 2, 3]) + req_ops([1, 2, a, a, a, 3, 4, 1, 2, 4])
+           + req_ops([1, 2, b, b, b, 3, 4, 1, 2, 3]) + req_ops([1, 2, 3, 4, 1, a, a, a, 2, 3, 4])
+           + req_ops([1, 2, 3, 4, 1, 2, 3, 4, 4]) + [dict(op="set_budget", budget=4096)]
+           + req_ops([4, 4, 4, 4, 3, 3, 3, 3, 2, 2, 2, 2, 1]) + req_ops([1, 2, a, a, a, 3, 4, 1, 2, 3, 1], cancel=True))
+    v = run(ops, {"image_kind": "random"})
+    assert v.error is None and v.violations == [] and v.steps == len(ops)
+
+
+@needs_mlx_vlm
+def test_saved_findings_reproduce():
+    from targets.mlx_vlm.report import FINDINGS
+    from targets.mlx_vlm.search import run
+    for p in sorted(FINDINGS.glob("*.json")):
+        f = json.loads(p.read_text())
+        v = run(f["ops"], f["config"], f["rule"])
+        assert f["rule"] in v.rules and [str(x) for x in v.violations] == f["violations"], p.name
+
+
+def _script():
+    from targets.mlx_vlm.report import FINDINGS
+    spec = importlib.util.spec_from_file_location("c1_dims", FINDINGS / "test_c1_image_dims_not_in_key.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@needs_mlx_vlm
+def test_exported_script_fails_on_this_mlx_vlm(monkeypatch):
+    with pytest.raises(AssertionError, match="served the landscape page's K/V"):
+        _script().test_portrait_page_is_not_served_the_landscape_pages_kv(monkeypatch)
+
+
+@needs_mlx_vlm
+def test_exported_script_passes_with_the_grid_in_the_salt(monkeypatch):
+    """The fix the finding names (image_grid_thw folded into the server's salt) makes the script pass."""
+    mod = _script()
+    plain = mod.salt
+
+    def fixed(model, processor, raw):
+        return mod.apc.semantic_extra_hash(tenant=None, image_hash=plain(model, processor, raw),
+                                           media={"image_grid_thw": raw["image_grid_thw"]})
+    monkeypatch.setattr(mod, "salt", fixed)
+    mod.test_portrait_page_is_not_served_the_landscape_pages_kv(monkeypatch)
