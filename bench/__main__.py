@@ -14,6 +14,7 @@ The floors of issue #16 (bench/floors.py) are printed and recorded as a PASS/FAI
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import re
@@ -69,7 +70,7 @@ def main(argv=None) -> list:
         first = next((wl for wl in (suite.build_workload(w, lm, args.scale, args.seed) for w in names) if wl), None)
         if first is not None:     # warm-up, discarded: kernel compilation (MLX's GPU backends) is no cache's cost
             print(f"-- warm-up: {first.name} on {m}, discarded", flush=True)
-            suite.run_case(lm, g, first, s, log=lambda _: None)
+            suite.run_case(lm, g, first, dataclasses.replace(s, iso=False), log=lambda _: None)
         for w in names:
             wl = suite.build_workload(w, lm, args.scale, args.seed)
             if wl is None:

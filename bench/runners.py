@@ -36,6 +36,7 @@ class Outcome:
     evictions: int = 0
     matched: int = 0         # ours: Stats.matched (the trie match after the back-off)
     resumed: int = 0         # ours: Stats.resumed (where the restore landed)
+    chunks: tuple = ()       # ours: Stats.chunks (the prefill's forwards [p, q), before the decode seed)
 
 
 def common_prefix(a, b) -> int:
@@ -111,7 +112,7 @@ class Ours:
         kw = {"boundaries": list(boundaries)} if boundaries and self.takes_boundaries else {}
         r = self.engine.generate(list(prompt), max_tokens, stop_at_eos=False, **kw)
         return Outcome(r.tokens, r.stats.total - r.stats.resumed, r.ttft_s, r.total_s, r.forward_s,
-                       r.bookkeeping_s, r.stats.evictions, r.stats.matched, r.stats.resumed)
+                       r.bookkeeping_s, r.stats.evictions, r.stats.matched, r.stats.resumed, tuple(r.stats.chunks))
 
     @property
     def takes_boundaries(self) -> bool:

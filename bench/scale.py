@@ -12,8 +12,11 @@ Workload (``--context 8k|32k``): a shared system prompt (1/4 of the context), C 
 T turns each (3), one user message per turn sized so a conversation's last prompt reaches the
 context, 16-token greedy answers that go back into the next turn's prompt; turns interleaved across
 conversations (c1 t1, c2 t1, c3 t1, c1 t2, ...). Message ends are passed as boundaries where the
-engine takes them. Runners (bench/runners.py, bench/server_lru.py):
+engine takes them. Runners (bench/runners.py, bench/limit.py, bench/server_lru.py):
   ours    impl.engine.Engine (the trie), budget --budget-gib, chunk --chunk, capture interval 1024
+  limit   each of ours' requests again: a stock mlx-lm cache prepared (untimed) with the prefix ours
+          resumed from, then the forwards ours ran and the first token timed; reports TTFT ours /
+          limit per request (median, p90, max). Needs ours in the same run (added when not named).
   server  mlx-lm's LRUPromptCache as mlx_lm.server uses it (segment checkpoints, size 10)
   none    no cache: every prompt prefilled from 0
 Each runner first serves one warm-up request on a throw-away instance (kernel compilation excluded),
@@ -51,6 +54,7 @@ SIZES = {"1.3b": {"hidden_size": 2048, "num_hidden_layers": 24, "intermediate_si
 SMOKE_HEADS = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_num_value_heads": 4,
                "linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16}
 CONTEXTS = {"smoke": 600, "8k": 8192, "32k": 32768}
+RUNNERS = ("ours", "limit", "server", "none")
 
 
 def config(arch: str, size: str) -> dict:
@@ -110,8 +114,9 @@ def workload(context: int, conversations: int = 3, turns: int = 3, answer: int =
     return system, users, answer
 
 
-def serve(runner, system, users, answer) -> list:
-    """Turn-major over the conversations; each conversation carries its own answers."""
+def serve(runner, system, users, answer, prompts: list | None = None) -> list:
+    """Turn-major over the conversations; each conversation carries its own answers. ``prompts``, when
+    given, receives every prompt served (the limit runner replays ours')."""
     history = [list(system) for _ in users]
     bounds = [[len(system)] for _ in users]
     rows = []
@@ -121,7 +126,10 @@ def serve(runner, system, users, answer) -> list:
             b = bounds[c] + [len(prompt)]
             out = runner.run(prompt, answer, boundaries=b[:-1], sys_end=len(system))
             rows.append({"conv": c, "turn": t, "prompt": len(prompt), "prefilled": out.prefilled,
-                         "ttft_s": out.ttft_s, "total_s": out.total_s})
+                         "ttft_s": out.ttft_s, "total_s": out.total_s, "resumed": out.resumed,
+                         "chunks": [list(x) for x in out.chunks], "first": out.tokens[0] if out.tokens else None})
+            if prompts is not None:
+                prompts.append(prompt)
             history[c] = prompt + list(out.tokens)
             bounds[c] = b + [len(history[c])]
     return rows
@@ -138,7 +146,7 @@ def make_runner(kind: str, lm, args):
     return NoCache(lm, chunk=args.chunk)
 
 
-def measure(kind: str, lm, args, plan) -> dict:
+def measure(kind: str, lm, args, plan, prompts: list | None = None) -> dict:
     system, users, answer = plan
     warm = make_runner(kind, lm, args)
     rng = np.random.default_rng(99)
@@ -148,7 +156,7 @@ def measure(kind: str, lm, args, plan) -> dict:
     runner = make_runner(kind, lm, args)
     mx.reset_peak_memory()
     t0 = time.perf_counter()
-    rows = serve(runner, system, users, answer)
+    rows = serve(runner, system, users, answer, prompts)
     wall = time.perf_counter() - t0
     peak, held = mx.get_peak_memory(), runner.held()
     runner.close()
@@ -169,11 +177,30 @@ def markdown(rep: dict) -> str:
              "| runner | requests | prompt tokens | prefilled | TTFT sum | TTFT median | TTFT max | peak MLX "
              "| peak above weights | bytes held |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rep["runners"]:
+        peak = "-" if r["peak_bytes"] is None else f"{r['peak_bytes'] / g:.2f} GiB"
+        above = "-" if r["peak_above_weights"] is None else f"{r['peak_above_weights'] / m:.1f} MiB"
         lines.append(f"| {r['runner']} | {r['requests']} | {r['prompt_tokens']} | {r['prefilled']} | "
                      f"{r['ttft_sum_s']:.2f} s | {r['ttft_median_s']:.3f} s | {r['ttft_max_s']:.2f} s | "
-                     f"{r['peak_bytes'] / g:.2f} GiB | {r['peak_above_weights'] / m:.1f} MiB | "
-                     f"{r['held_bytes'] / m:.1f} MiB |")
+                     f"{peak} | {above} | {r['held_bytes'] / m:.1f} MiB |")
+    lim = next((r for r in rep["runners"] if r["runner"] == "limit"), None)
+    if lim is not None:
+        x = lim["ttft_over_limit"]
+        lines += ["", "TTFT ours / limit per request (bench/limit.py; floor: <= 1.10 median, <= 1.25 p90):", "",
+                  "| median | p90 | max | first token equal | limit's untimed preparation |", "|---|---|---|---|---|",
+                  f"| {x['median']:.3f} | {x['p90']:.3f} | {x['max']:.3f} | {lim['same_first_token']} of "
+                  f"{lim['requests']} | {lim['prep_s']:.1f} s |"]
     return "\n".join(lines) + "\n"
+
+
+def runner_order(kinds) -> list:
+    """The runners to measure, in order: ours before limit (the limit replays ours' requests)."""
+    kinds = list(dict.fromkeys(kinds or RUNNERS))
+    if "limit" in kinds:
+        kinds.remove("limit")
+        if "ours" not in kinds:
+            kinds.insert(0, "ours")
+        kinds.insert(kinds.index("ours") + 1, "limit")
+    return kinds
 
 
 def main(argv=None) -> int:
@@ -182,7 +209,8 @@ def main(argv=None) -> int:
     p.add_argument("--size", choices=sorted(SIZES), default="1.3b")
     p.add_argument("--context", choices=sorted(CONTEXTS), default="8k")
     p.add_argument("--smoke", action="store_true", help="--size smoke --context smoke (seconds on a CPU)")
-    p.add_argument("--runner", action="append", choices=("ours", "server", "none"), help="default: all three")
+    p.add_argument("--runner", action="append", choices=RUNNERS,
+                   help="default: all four; limit runs ours first if it is not named")
     p.add_argument("--conversations", type=int, default=3)
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--chunk", type=int, default=512)
@@ -193,6 +221,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.smoke:
         a.size, a.context, a.chunk, a.interval = "smoke", "smoke", 64, 128
+    from bench import limit
     from fuzz.calibrate import device_key
 
     a.report.mkdir(parents=True, exist_ok=True)
@@ -204,12 +233,22 @@ def main(argv=None) -> int:
         rep = {"arch": arch, "size": a.size, "dtype": a.dtype, "params": lm.n_params, "context": a.context,
                "device": device_key(), "conversations": a.conversations, "turns": a.turns,
                "system": len(plan[0]), "chunk": a.chunk, "load_s": round(load_s, 1), "runners": []}
-        for kind in a.runner or ["ours", "server", "none"]:
-            r = measure(kind, lm, a, plan)
+        ours, prompts = None, []
+        for kind in runner_order(a.runner):
+            if kind == "limit":
+                warm = np.random.default_rng(98).integers(1000, VOCAB, min(len(plan[0]), 2 * a.chunk + 7))
+                r = limit.measure(lm, ours, prompts, chunk=a.chunk, warm_prompt=warm.tolist())
+            else:
+                r = measure(kind, lm, a, plan, prompts if kind == "ours" else None)
+                ours = r if kind == "ours" else ours
             rep["runners"].append(r)
             print(f"{arch} {a.size} {a.context} {kind:6s}: prefilled {r['prefilled']:6d}  TTFT sum "
-                  f"{r['ttft_sum_s']:.2f}s median {r['ttft_median_s']:.3f}s  peak {r['peak_bytes'] / 2**30:.2f} GiB"
-                  f"  held {r['held_bytes'] / 2**30:.3f} GiB", flush=True)
+                  f"{r['ttft_sum_s']:.2f}s median {r['ttft_median_s']:.3f}s", end="", flush=True)
+            if kind == "limit":
+                x = r["ttft_over_limit"]
+                print(f"  ours/limit median {x['median']:.3f} p90 {x['p90']:.3f} max {x['max']:.3f}", flush=True)
+            else:
+                print(f"  peak {r['peak_bytes'] / 2**30:.2f} GiB  held {r['held_bytes'] / 2**30:.3f} GiB", flush=True)
         stem = str(a.report / f"scale-{arch}-{a.size}-{a.context}") + ("-" + "-".join(a.runner) if a.runner else "")
         Path(f"{stem}.json").write_text(json.dumps(rep, indent=1))
         Path(f"{stem}.md").write_text(markdown(rep))

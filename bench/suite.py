@@ -17,6 +17,10 @@ counts in-flight caches against the total, and an LRU entry *is* the last reques
 ``max_bytes = tight + one live cache at the workload's longest context`` (exact rows: the server's
 extracted caches hold no growth slack, our fitted live buffers at most 1/16 of their rows).
 
+Iso-memory (tight rows, ``Settings.iso``): ours' budget searched until its bytes held equal mlx-lm's
+at its tight budget, each trial a real run of the same requests (bench/iso_memory.py); the row's
+``iso_*`` fields hold the witness run.
+
 Peak MLX active memory per runner: around each request, ``peak - active_before + held_before`` (the
 runner's own state and temporaries, excluding what other runners hold) plus the weights; the maximum
 over requests.
@@ -31,7 +35,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from bench import workloads as W
+from bench import iso_memory, workloads as W
 from bench.runners import Ideal, NoCache, Ours, distinct_tokens, geometry
 from bench.server_lru import ServerLRU
 
@@ -85,6 +89,7 @@ class Settings:
     none_tokens: int = 1
     seed: int = 0
     check_rules: bool = False
+    iso: bool = True            # tight rows: the iso-memory search (bench/iso_memory.py)
 
 
 @dataclass
@@ -223,6 +228,11 @@ def run_case(lm, geom, wl: W.Workload, s: Settings, log=print) -> dict:
     del runners
     gc.collect()
     mx.clear_cache()
+    if s.iso:
+        t_iso = time.perf_counter()
+        rows["tight"].update(iso_memory.row_fields(lm, geom, wl, responses, s, rows["tight"],
+                                                   tracks["ours_tight"].tokens))
+        rows["tight"]["iso_seconds"] = time.perf_counter() - t_iso
     return rows
 
 
