@@ -2,7 +2,8 @@
 
 Runs in mlx-vlm's own venv (MLXVLM_PYTHON; targets/mlx_vlm/install.sh).
 check: random request programs (targets/program.py) against mlx-vlm's automatic prefix cache for N
-minutes (default 10), with random and blank-page images; writes DIR/report.md (default
+minutes (default 10), on qwen2_vl (block mode) and qwen3_5 (checkpoint mode), with random and
+blank-page images; writes DIR/report.md (default
 reports/mlx-vlm) and DIR/programs/RULE.json (each violation's shrunk program), and replays the saved
 findings (targets/mlx_vlm/findings/*.json).
 replay: re-judges saved findings or programs; prints whether each reproduces.
@@ -50,9 +51,8 @@ def main(argv=None) -> int:
         if not a.files:
             ap.error("replay needs finding or program files")
         return 1 if any(ok for _, ok, _ in replay(a.files)) else 0
-    kinds = ("random", "solid")
-    result = search.hunt(a.minutes, a.seed, kinds)
-    result["kinds"] = list(kinds)
+    result = search.hunt(a.minutes, a.seed)
+    result["configs"] = [f"{c['arch']}/{c['image_kind']}" for c in search.CONFIGS]
     replays = replay(sorted(report.FINDINGS.glob("*.json")))
     out = report.write(a.report, result, version, replays)
     print(f"{result['stats']['programs']} programs, {len(result['found'])} rule(s) violated: "

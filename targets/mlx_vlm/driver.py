@@ -18,9 +18,11 @@ block size of 4 (small programs then store blocks), no memory reserve (the reser
 host's free RAM), and the disk tier (on by default) in a temporary folder, with
 APC_DISK_MIN_FREE_RAM_GB=0 so a disk restore does not depend on the host's free memory.
 
-Contents (`content`): block hash -> the keys its K/V were computed from. A block present (in memory or
-on disk) before a request keeps its record; a block the request made present holds the request's own
-keys there. The K/V a request resumes from are the records of the blocks it restored.
+Contents (`content`, `exact`): block hash, or checkpoint (token ids, salt) -> the keys its state was
+computed from. One present (in memory or on disk) before a request keeps its record; one the request
+made present holds the request's own keys there. The state a request resumes from is the record of the
+checkpoint (checkpoint mode) or of the blocks (block mode) it restored. APC_EXACT_MIN_TOKENS is set to
+the block size, so short programs store checkpoints (default 16).
 """
 from __future__ import annotations
 
@@ -33,14 +35,15 @@ BLOCK = 4
 
 
 class ServerDriver:
-    def __init__(self, block_size: int = BLOCK, num_blocks: int = 256, disk: bool = True, images=None,
-                 disk_path: str | None = None, model=None, image_kind: str = "random"):
+    def __init__(self, arch: str = "qwen2_vl", block_size: int = BLOCK, num_blocks: int = 256, disk: bool = True,
+                 images=None, disk_path: str | None = None, image_kind: str = "random"):
         os.environ["APC_DISK_MIN_FREE_RAM_GB"] = "0"
+        os.environ["APC_EXACT_MIN_TOKENS"] = str(block_size)
         from mlx_vlm import apc
         from mlx_vlm.generate.ar import BatchGenerator
-        self.apc = apc
-        self.model = model or models.load()
-        self.processor = models.Processor()
+        self.apc, self.arch = apc, arch
+        self.model = models.load(arch)
+        self.processor = models.Processor(arch)
         self.images, self.image_kind = dict(images or {}), image_kind
         self.disk_path = disk_path or (tempfile.mkdtemp(prefix="mlxvlm-apc-") if disk else None)
         over = {"enabled": True, "block_size": block_size, "num_blocks": num_blocks, "memory_reserve_gb": 0,
@@ -50,6 +53,7 @@ class ServerDriver:
                                   apc_manager=self.manager)
         self.block = block_size
         self.content: dict = {}            # block hash -> keys its K/V were computed from
+        self.exact: dict = {}              # checkpoint (token ids, salt) -> keys its state was computed from
         self.links: dict = {}              # block hash -> parent hash
         self.picks: list = []              # prefix lengths the generator's lookups returned
         pick = self.gen._apc_pick_for
@@ -77,6 +81,7 @@ class ServerDriver:
         if self.gen.apc is not None:                    # the worker's admission step, before embedding
             self.gen.apc.prepare_prefill(len(ids), prefill_step_size=self.gen.prefill_step_size)
         self.present_before = {h for h in self.chain(ids, self.extra) if self.present(h)}
+        self.exact_before = {e for e in self.exact if self.present_exact(e)}
         data = {k: v for k, v in raw.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
         emb = self.model.get_input_embeddings(raw["input_ids"], raw.get("pixel_values"),
                                               mask=raw["attention_mask"], **data)
@@ -117,6 +122,14 @@ class ServerDriver:
                 self.content[h] = tuple(self.keys[i * self.block:(i + 1) * self.block])
                 self.links[h] = parent
             parent = h
+        for n in sorted(set(self.checkpoint_lengths()) | {len(self.ids)}):      # and the full-prompt commit
+            e = (tuple(self.ids[:n]), self.extra)
+            if self.present_exact(e) and e not in self.exact_before:
+                self.exact[e] = tuple(self.keys[:n])
+
+    def checkpoint_lengths(self) -> list:
+        c = self.gen.apc
+        return [] if c is None else list(c.checkpoint_lengths(self.ids, self.gen._apc_media_token_ids()))
 
     # ------------------------------------------------------------ the cache's state
     def chain(self, ids, extra) -> list:
@@ -129,8 +142,21 @@ class ServerDriver:
     def present(self, h) -> bool:
         return h in self.manager.hash_table or (self.manager.disk is not None and self.manager.disk.has(h))
 
+    def present_exact(self, e) -> bool:
+        tokens, extra = e
+        if any(x.token_ids == tokens and x.extra_hash == extra for x in self.manager._exact_cache.values()):
+            return True
+        disk = self.manager.disk
+        return disk is not None and self.apc._sequence_hash(tokens, extra, self.block) in disk._exact_index
+
     def restored(self) -> tuple:
-        """What the open request's resumed K/V hold: the records of the blocks it resumed from."""
+        """What the open request's resumed state holds: the records of the checkpoint or the blocks it
+        resumed from."""
+        r = self.resume
+        for (tokens, extra), content in self.exact.items():
+            if extra == self.extra and len(tokens) >= r and list(tokens[:r]) == self.ids[:r] and r and \
+                    (tokens, extra) in self.exact_before:
+                return tuple(content[:r])
         hs = self.chain(self.ids, self.extra)[:self.resume // self.block]
         return tuple(k for h in hs for k in self.content.get(h, (None,) * self.block))
 

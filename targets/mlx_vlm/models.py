@@ -2,18 +2,19 @@
 and the requests our key streams become for it.
 
 Invariants:
-- `CONFIG` is an mlx-vlm `qwen2_vl` config made small (hidden size 64, 2 layers, a 512-token vocabulary,
-  a 1-layer vision tower); weights come from `mx.random.seed(SEED)`, float32, are written to
+- `ARCHS`: mlx-vlm's `qwen2_vl` (two KV layers: APC's block mode) and `qwen3_5` (a gated-delta layer,
+  ArraysCache, and a KV layer: APC's checkpoint mode), each made small (hidden size 64, 2 layers, a
+  512-token vocabulary, a 1-layer vision tower); weights come from `mx.random.seed(SEED)`, float32, are written to
   `model.safetensors` with `config.json` and read back by `mlx_vlm.utils.load_model` (no hub files).
-- The image processor is transformers' `Qwen2VLImageProcessor` built from arguments (patch 14, merge 2,
-  temporal patch 2; min_pixels 28*28), the one mlx-vlm's Qwen2-VL processor wraps. No tokenizer is
+- The image processor is transformers' `Qwen2VLImageProcessor` built from arguments (the model's patch,
+  14 or 16, merge 2, temporal patch 2), the one the Qwen-VL processors wrap. No tokenizer is
   needed: prompts are built as token ids directly (the processor's output is input_ids plus
   pixel_values and image_grid_thw).
 - Keys map to token ids: a token key k (1 <= k < 483) is id k + TOKEN_BASE, below the special ids; a media item of L >= 2 positions (a run of one fold value) is the processor's placeholder run:
-  `<|vision_start|>` then L - 1 image tokens, for an image of 28 x 28(L - 1) pixels (grid 1 x 2 x 2(L-1):
-  L - 1 tokens after the 2x2 merge). The image of a fold is the caller's (`images`), else random pixels
+  `<|vision_start|>` then L - 1 image tokens, for an image of u x u(L - 1) pixels, u = 2 x patch (grid
+  1 x 2 x 2(L-1): L - 1 tokens after the 2x2 merge). The image of a fold is the caller's (`images`), else random pixels
   made from the fold (`default_image`), so equal folds are equal images.
-- mlx-vlm's qwen2_vl language model attends causally over image tokens (no bidirectional image mask);
+- Both language models attend causally over image tokens (no bidirectional image mask);
   the vision tower sees a whole image in one forward inside `get_input_embeddings`.
 """
 from __future__ import annotations
@@ -40,52 +41,85 @@ CONFIG = dict(model_type="qwen2_vl", hidden_size=64, num_hidden_layers=2, interm
               vision_config=dict(model_type="qwen2_vl", depth=1, embed_dim=32, hidden_size=64, num_heads=2,
                                  patch_size=14, spatial_patch_size=14, spatial_merge_size=2,
                                  temporal_patch_size=2, mlp_ratio=2.0, in_channels=3))
-IMAGE_PROCESSOR = dict(patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=28 * 28,
-                       max_pixels=448 * 448)
+QWEN35 = dict(model_type="qwen3_5", image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VISION_START,
+              vision_end_token_id=498, vocab_size=VOCAB, eos_token_id=[EOS], tie_word_embeddings=True,
+              text_config=dict(model_type="qwen3_5_text", hidden_size=64, intermediate_size=128,
+                               linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=16,
+                               linear_value_head_dim=16, linear_conv_kernel_dim=4, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+                               vocab_size=VOCAB, max_position_embeddings=4096, full_attention_interval=2,
+                               tie_word_embeddings=True,
+                               rope_parameters={"type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000,
+                                                "partial_rotary_factor": 1.0}),
+              vision_config=dict(model_type="qwen3_5", depth=1, hidden_size=32, intermediate_size=64,
+                                 out_hidden_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
+                                 temporal_patch_size=2, num_position_embeddings=64, fullatt_block_indexes=[0],
+                                 in_channels=3))
+ARCHS = {"qwen2_vl": CONFIG, "qwen3_5": QWEN35}     # layers: KV, KV | gated delta (ArraysCache), KV
+
+
+def patch(arch: str) -> int:
+    return ARCHS[arch]["vision_config"]["patch_size"]
+
+
+def unit(arch: str) -> int:
+    """Pixels per merged image token along each side (patch x merge 2)."""
+    return 2 * patch(arch)
+
+
+def image_processor_args(arch: str) -> dict:
+    u = unit(arch)
+    return dict(patch_size=patch(arch), merge_size=2, temporal_patch_size=2, min_pixels=u * u,
+                max_pixels=16 * u * 16 * u)
 
 _saved: dict = {}
 
 
-def save(directory: Path | None = None) -> Path:
+def save(arch: str = "qwen2_vl", directory: Path | None = None) -> Path:
     """Write the fixed-seed model (config.json, model.safetensors) once per process; return its folder."""
-    if directory is None and "dir" in _saved:
-        return _saved["dir"]
+    if arch not in ARCHS:
+        raise ValueError(f"model {arch!r}: one of {sorted(ARCHS)}")
+    if directory is None and arch in _saved:
+        return _saved[arch]
+    import importlib
+
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    import mlx_vlm.models.qwen2_vl as arch
     from mlx_vlm.utils import update_module_configs
 
-    d = Path(directory or tempfile.mkdtemp(prefix="mlxvlm-qwen2vl-"))
-    cfg = json.loads(json.dumps(CONFIG))
+    mod = importlib.import_module("mlx_vlm.models." + arch)
+    d = Path(directory or tempfile.mkdtemp(prefix=f"mlxvlm-{arch}-"))
+    cfg = json.loads(json.dumps(ARCHS[arch]))
     cfg.setdefault("text_config", {})
-    model_cfg = update_module_configs(arch.ModelConfig.from_dict(cfg), arch, cfg, ["text", "vision"])
+    model_cfg = update_module_configs(mod.ModelConfig.from_dict(cfg), mod, cfg, ["text", "vision"])
     mx.random.seed(SEED)
-    model = arch.Model(model_cfg)
+    model = mod.Model(model_cfg)
     model.set_dtype(mx.float32)
     mx.save_safetensors(str(d / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (d / "config.json").write_text(json.dumps(CONFIG))
+    (d / "config.json").write_text(json.dumps(ARCHS[arch]))
     if directory is None:
-        _saved["dir"] = d
+        _saved[arch] = d
     return d
 
 
-def load(directory: Path | None = None):
-    """A fresh model instance through mlx-vlm's own loader (its language model keeps per-request
+def load(arch: str = "qwen2_vl"):
+    """A fresh model instance through mlx-vlm's own loader (a language model may keep per-request
     rope state, so a cold replay takes a fresh instance)."""
     from mlx_vlm.utils import load_model
-    return load_model(Path(directory or save()))
+    return load_model(save(arch))
 
 
 class Processor:
     """What BatchGenerator reads of a processor: `.tokenizer.stopping_criteria` (mlx-vlm's own class),
     and the image processor."""
 
-    def __init__(self):
+    def __init__(self, arch: str = "qwen2_vl"):
         from mlx_vlm.utils import StoppingCriteria
         from transformers import Qwen2VLImageProcessor
         self.tokenizer = type("Tokenizer", (), {})()
         self.tokenizer.stopping_criteria = StoppingCriteria([EOS], None)
-        self.image_processor = Qwen2VLImageProcessor(**IMAGE_PROCESSOR)
+        self.image_processor = Qwen2VLImageProcessor(**image_processor_args(arch))
+        self.unit = unit(arch)
 
 
 def items_of(keys) -> list:
@@ -106,21 +140,21 @@ def items_of(keys) -> list:
 IMAGE_KINDS = ("random", "solid")
 
 
-def default_image(fold: int, length: int, kind: str = "random", index: int = 0) -> np.ndarray:
+def default_image(fold: int, length: int, kind: str = "random", index: int = 0, u: int = 28) -> np.ndarray:
     """The image of a fold with `length` positions (n = length - 1 placeholder tokens).
     "random": pixels seeded by the fold (distinct folds, distinct pixels).
     "solid": blank pages, the `index`-th distinct fold of this length in a program: grey level
-    100 + index // 2, landscape (28 x 28n) for even index, portrait (28n x 28) for odd. Folds 0 and 1
+    100 + index // 2, landscape (u x un) for even index, portrait (un x u) for odd. Folds 0 and 1
     of a length are one grey, landscape and portrait: equal pixel_values bytes, equal placeholder
     counts, different image_grid_thw. Distinct folds get distinct (pixels, dims)."""
     n = length - 1
     if kind == "solid":
         value = 100 + (index // 2 if n > 1 else index)
-        return solid(28 * n, 28, value) if index % 2 and n > 1 else solid(28, 28 * n, value)
+        return solid(u * n, u, value) if index % 2 and n > 1 else solid(u, u * n, value)
     if kind != "random":
         raise ValueError(f"image kind {kind!r}: one of {IMAGE_KINDS}")
     rng = np.random.default_rng(fold & 0xFFFFFFFF)
-    return rng.integers(0, 256, (28, 28 * n, 3), dtype=np.uint8)
+    return rng.integers(0, 256, (u, u * n, 3), dtype=np.uint8)
 
 
 class Image:
@@ -150,8 +184,8 @@ def request(keys, processor: Processor, images: dict | None = None, kind: str = 
                              "(vision start and at least one image token)")
         if images is not None and fold not in images:          # a fold keeps its image for the run
             index = sum(1 for f, im in images.items() if getattr(im, "length", None) == end - pos)
-            images[fold] = Image(default_image(fold, end - pos, kind, index), end - pos)
-        img = images[fold] if images is not None else default_image(fold, end - pos, kind)
+            images[fold] = Image(default_image(fold, end - pos, kind, index, processor.unit), end - pos)
+        img = images[fold] if images is not None else default_image(fold, end - pos, kind, u=processor.unit)
         img = getattr(img, "pixels", img)
         pics.append(img)
         ids[pos:end] = [VISION_START] + [IMAGE] * (end - pos - 1)

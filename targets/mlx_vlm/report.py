@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from targets.mlx_vlm.target import NOT_APPLICABLE, RULES
+from targets.mlx_vlm.target import NOT_APPLICABLE, RULES, S1_CHECKPOINT
 from targets.report import meaning
 
 FINDINGS = Path(__file__).parent / "findings"
@@ -33,10 +33,11 @@ def write(report_dir, result: dict, version: str, replays: list) -> Path:
     s = result["stats"]
     lines = [f"# mlx-vlm {version}: automatic prefix cache under the rules", "",
              f"{s['programs']} programs, {s['ops']} operations, {s['seconds']} s "
-             f"(targets/program.py random programs; image kinds {', '.join(result.get('kinds', []))}).", "",
+             f"(targets/program.py random programs; model/images {', '.join(result.get('configs', []))}).", "",
              "## Rules", "", "| rule | applied | why not |", "|---|---|---|"]
     for r in sorted(RULES | set(NOT_APPLICABLE)):
-        lines.append(f"| {r} | {'yes' if r in RULES else 'no'} | {NOT_APPLICABLE.get(r, '')} |")
+        why = NOT_APPLICABLE.get(r, "") + (f" (qwen3_5: {S1_CHECKPOINT})" if r == "S1" else "")
+        lines.append(f"| {r} | {'yes' if r in RULES else 'no'} | {why} |")
     lines += ["", "## Violations", ""]
     if not result["found"]:
         lines.append("None.")
@@ -44,7 +45,7 @@ def write(report_dir, result: dict, version: str, replays: list) -> Path:
         (d / "programs" / f"{r}.json").write_text(json.dumps(f, indent=1))
         c = cause_of(r, f["violations"])
         lines += [f"### {r}: {meaning(r)}", "", f"- first seen after {f['seconds']} s; shrunk to {len(f['ops'])} ops "
-                  f"(programs/{r}.json, config {f['config']['image_kind']})",
+                  f"(programs/{r}.json, {f['config']})",
                   f"- {'; '.join(f['violations'][:2])}",
                   f"- cause: {c['why'] + ' (' + c['function'] + ')' if c else 'unexplained'}", ""]
     if s["errors"]:

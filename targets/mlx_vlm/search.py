@@ -50,15 +50,17 @@ def shrink(ops: list, config: dict, rule: str) -> list:
     return [op for u in units for op in u]
 
 
-def hunt(minutes: float, seed: int = 0, kinds=("random", "solid"), log=print) -> dict:
-    """Programs until `minutes` pass; returns {rule: finding}, a finding the first shrunk program per rule,
-    with counts of programs and operations run."""
+CONFIGS = tuple({"arch": a, "image_kind": k} for a in ("qwen2_vl", "qwen3_5") for k in ("random", "solid"))
+
+
+def hunt(minutes: float, seed: int = 0, configs=CONFIGS, log=print) -> dict:
+    """Programs until `minutes` pass, round-robin over `configs`; returns {"found": {rule: the first
+    violating program, shrunk}, "stats": counts of programs and operations run}."""
     t0, found, stats = time.monotonic(), {}, {"programs": 0, "ops": 0, "errors": []}
-    gens = {k: random_programs(seed) for k in kinds}
+    gens = [random_programs(seed) for _ in configs]
     while time.monotonic() - t0 < minutes * 60:
-        for kind in kinds:
-            config = {"image_kind": kind}
-            ops = next(gens[kind])
+        for config, gen in zip(configs, gens):
+            ops = next(gen)
             v = run(ops, config)
             stats["programs"] += 1
             stats["ops"] += v.steps

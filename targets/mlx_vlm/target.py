@@ -21,12 +21,13 @@ from targets.mlx_vlm.models import items_of
 from targets.mlx_vlm.view import matched, view_of
 
 RULES = frozenset({"T1", "S1", "M3", "E1", "A1", "C1"})
+CHECKPOINT_RULES = RULES - {"S1"}           # qwen3_5: APC's checkpoint mode
 NOT_APPLICABLE = {
     "T2": "the index is a chain of fixed-size blocks: sibling blocks may share their first keys",
     "T3": "no live cache persists between requests: the active path is always the root",
-    "S2": "qwen2_vl's layers are all KV (no whole-state snapshot); a block cache captures at block "
-          "boundaries only, never at the match the begin clause asks for",
-    "S3": "no whole-state layers: every block holds every layer's K/V",
+    "S2": "checkpoints are taken at len - guard (and every 2048 tokens), never at the match of a begin "
+          "that resumes below it; what a restored checkpoint holds is judged as C1 (content)",
+    "S3": "a checkpoint holds every layer (one snapshot of the whole prompt cache); blocks are KV only",
     "S4": "blocks are never split: a node's edge is always one block",
     "M1": "mlx-vlm's language models attend causally over image tokens (no bidirectional image mask); the "
           "vision tower sees a whole image in one forward in get_input_embeddings, not in prefill chunks",
@@ -39,7 +40,7 @@ NOT_APPLICABLE = {
     "E2": "no protection beyond the open request's leased blocks (ref counts); E1 is judged at rest",
     "E3": "the LRU free list is not shown in the view (last_used is unknown)",
     "E4": "eviction takes single blocks from the free list's head, leaves or not: no shape to judge",
-    "E5": "no checkpoints: the model's caches are all KV",
+    "E5": "no rewind within a checkpoint: a recurrent checkpoint restores only at its own end (or not at all)",
     "A2": "blocks are Python objects from a preallocated pool: no snapshot identities to count",
     "A3": "allocator memory is not judged per operation (bytes are the blocks' own nbytes)",
     "C2": "by design mlx-vlm restores less than the trie holds: no memory prefix that contains an image, none "
@@ -48,13 +49,20 @@ NOT_APPLICABLE = {
 }
 
 
+S1_CHECKPOINT = "a checkpoint holds KV for [0, end) as one full copy, never per-edge slices (its design)"
+
+
 class MlxVlmTarget:
     name = "mlx-vlm"
     RULES = RULES
     NOT_APPLICABLE = NOT_APPLICABLE
 
-    def __init__(self, images: dict | None = None, budget: int | None = None, **driver_args):
-        self.driver = ServerDriver(images=images, **driver_args)
+    def __init__(self, arch: str = "qwen2_vl", images: dict | None = None, budget: int | None = None,
+                 **driver_args):
+        self.driver = ServerDriver(arch=arch, images=images, **driver_args)
+        if self.driver.gen.apc is not None and self.driver.gen.apc.legacy_mode == "exact":
+            self.RULES = CHECKPOINT_RULES
+            self.NOT_APPLICABLE = dict(NOT_APPLICABLE, S1=S1_CHECKPOINT)
         if budget is not None:
             self.driver.manager.memory_max_bytes = int(budget)
         self._open = None

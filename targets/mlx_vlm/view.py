@@ -9,6 +9,10 @@ Mapping (invariants):
   media hash) show as one node whose snapshots' bytes add up both copies'.
 - Each node has one KV snapshot per language-model layer over its edge: `bytes` is the memory block's
   K and V `nbytes` for that layer (0 for a block held on disk only), `content` its recorded keys.
+- Checkpoints (APC's mode for models with recurrent layers: whole prompt-cache snapshots, in memory
+  `_exact_cache` or on disk) are nodes of a compressed trie of their recorded contents (plus branch
+  points, without state): KV layers [0, end) (a full copy), recurrent layers at end; bytes from the
+  memory copy, 0 on disk only.
 - `counter` is `APCManager.resident_bytes()`, `budget` its `memory_max_bytes`.
 - At rest the active path is the root, offset 0, no live content. While a request is open (after
   begin) the request shows its keys, its media items as spans (every item: mlx-vlm promises never to
@@ -58,9 +62,47 @@ def nodes_of(d) -> list:
     return list(nodes.values())
 
 
+def kinds(d) -> list:
+    lm = d.model.language_model if hasattr(d.model, "language_model") else d.model
+    made = lm.make_cache() if hasattr(lm, "make_cache") else [None] * len(d.model.layers)
+    return ["recurrent" if type(c).__name__ == "ArraysCache" else "kv" for c in made]
+
+
+def checkpoint_nodes(d) -> list:
+    """Checkpoints (token ids, salt) held in memory or on disk, as a compressed trie of their recorded
+    contents: each a node with its layers' state for [0, end) (KV) or at end (recurrent)."""
+    held = {}
+    for e, content in d.exact.items():
+        if d.present_exact(e):
+            held.setdefault(tuple(content), []).append(e)
+    if not held:
+        return []
+    mem = {(x.token_ids, x.extra_hash): x for x in d.manager._exact_cache.values()}
+    kids: dict = {}
+    for path in held:
+        for q in held:
+            if q != path and q[:len(path)] == path:
+                kids.setdefault(path, set()).add(q[len(path)])
+    branch = {p[:n] for a in held for b in held for p in (a,) if a != b
+              for n in [common_prefix(a, b)] if 0 < n < min(len(a), len(b))}
+    kept = sorted(set(held) | branch, key=len)
+    out = []
+    for path in kept:
+        start = max([len(q) for q in kept if len(q) < len(path) and path[:len(q)] == q] + [0])
+        snaps = []
+        for i, kind in enumerate(kinds(d)):
+            size = sum(int(mem[e].prompt_cache[i].nbytes) for e in held.get(path, ()) if e in mem)
+            if path in held:
+                snaps.append({"layer": i, "kind": kind, "start": 0 if kind == "kv" else len(path), "end": len(path),
+                              "bytes": size, "content": list(path)})
+        out.append({"keys": list(path), "start": start, "user": False, "last_used": 0, "snaps": snaps})
+    return out
+
+
 def view_of(d, request: dict | None = None) -> View:
-    layers = [{"kind": "kv", "cost": 1, "window": 0} for _ in d.model.layers]
+    layers = [{"kind": k, "cost": 1, "window": 0} for k in kinds(d)]
     nodes = nodes_of(d)
+    nodes += [n for n in checkpoint_nodes(d) if n["keys"] and tuple(n["keys"]) not in {tuple(m["keys"]) for m in nodes}]
     raw = {"layers": layers, "nodes": nodes, "path": [[]], "offset": 0, "seq": [], "live": [None] * len(layers),
            "counter": int(d.manager.resident_bytes()), "budget": int(d.manager.memory_max_bytes)}
     if request is not None:
@@ -75,5 +117,5 @@ def view_of(d, request: dict | None = None) -> View:
 
 def matched(d, keys) -> int:
     """The longest common prefix of `keys` with a node's key path, capped at len - 1."""
-    best = max([0] + [common_prefix(tuple(n["keys"]), tuple(keys)) for n in nodes_of(d)])
+    best = max([0] + [common_prefix(tuple(n["keys"]), tuple(keys)) for n in nodes_of(d) + checkpoint_nodes(d)])
     return min(best, len(keys) - 1)

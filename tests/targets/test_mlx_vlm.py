@@ -22,7 +22,9 @@ BLOCK_BYTES = 256                      # per layer, in the fake
 
 
 def test_rules_cover_every_id():
+    from targets.mlx_vlm.target import CHECKPOINT_RULES
     assert set(RULES) | set(NOT_APPLICABLE) == set(ALL_RULES) and not set(RULES) & set(NOT_APPLICABLE)
+    assert set(CHECKPOINT_RULES) | set(NOT_APPLICABLE) | {"S1"} == set(ALL_RULES)
 
 
 # ------------------------------------------------------------------ the fake (no mlx-vlm)
@@ -31,7 +33,7 @@ class FakeDriver:
     parents, the manager's counter and budget. `fault` plants one bug."""
 
     def __init__(self, chains, fault=None, budget=1 << 40):
-        self.block, self.content, self.links, table = 2, {}, {}, {}
+        self.block, self.content, self.links, self.exact, table = 2, {}, {}, {}, {}
         for keys in chains:
             parent = 0
             for i in range(len(keys) // 2):
@@ -42,12 +44,15 @@ class FakeDriver:
                 parent = h
         resident = len(table) * 2 * BLOCK_BYTES + (BLOCK_BYTES if fault == "unreachable-bytes" else 0)
         self.manager = SimpleNamespace(hash_table=table, resident_bytes=lambda: resident, memory_max_bytes=budget,
-                                       disk=None)
+                                       disk=None, _exact_cache={})
         self.apc = SimpleNamespace(SEED_PARENT_HASH=0)
         self.model = SimpleNamespace(layers=[0, 1])
 
     def present(self, h):
         return h in self.manager.hash_table
+
+    def present_exact(self, e):
+        return False
 
 
 def request(keys, resume, live):
@@ -86,8 +91,9 @@ def test_mlx_vlm_media_program_breaks_no_rule():
            + req_ops([1, 2, b, b, b, 3, 4, 1, 2, 3]) + req_ops([1, 2, 3, 4, 1, a, a, a, 2, 3, 4])
            + req_ops([1, 2, 3, 4, 1, 2, 3, 4, 4]) + [dict(op="set_budget", budget=4096)]
            + req_ops([4, 4, 4, 4, 3, 3, 3, 3, 2, 2, 2, 2, 1]) + req_ops([1, 2, a, a, a, 3, 4, 1, 2, 3, 1], cancel=True))
-    v = run(ops, {"image_kind": "random"})
-    assert v.error is None and v.violations == [] and v.steps == len(ops)
+    for arch in ("qwen2_vl", "qwen3_5"):
+        v = run(ops, {"arch": arch, "image_kind": "random"})
+        assert v.error is None and v.violations == [] and v.steps == len(ops), arch
 
 
 @needs_mlx_vlm
@@ -108,14 +114,20 @@ def _script():
     return mod
 
 
-@needs_mlx_vlm
-def test_exported_script_fails_on_this_mlx_vlm(monkeypatch):
-    with pytest.raises(AssertionError, match="served the landscape page's K/V"):
-        _script().test_portrait_page_is_not_served_the_landscape_pages_kv(monkeypatch)
+SCRIPT_TESTS = ("test_qwen3_5_portrait_page_is_not_served_the_landscape_checkpoint",
+                "test_qwen2_vl_portrait_page_is_not_served_the_landscape_blocks")
 
 
 @needs_mlx_vlm
-def test_exported_script_passes_with_the_grid_in_the_salt(monkeypatch):
+@pytest.mark.parametrize("name", SCRIPT_TESTS)
+def test_exported_script_fails_on_this_mlx_vlm(name, monkeypatch):
+    with pytest.raises(AssertionError, match="served the landscape page's state"):
+        getattr(_script(), name)(monkeypatch)
+
+
+@needs_mlx_vlm
+@pytest.mark.parametrize("name", SCRIPT_TESTS)
+def test_exported_script_passes_with_the_grid_in_the_salt(name, monkeypatch):
     """The fix the finding names (image_grid_thw folded into the server's salt) makes the script pass."""
     mod = _script()
     plain = mod.salt
@@ -124,4 +136,4 @@ def test_exported_script_passes_with_the_grid_in_the_salt(monkeypatch):
         return mod.apc.semantic_extra_hash(tenant=None, image_hash=plain(model, processor, raw),
                                            media={"image_grid_thw": raw["image_grid_thw"]})
     monkeypatch.setattr(mod, "salt", fixed)
-    mod.test_portrait_page_is_not_served_the_landscape_pages_kv(monkeypatch)
+    getattr(mod, name)(monkeypatch)

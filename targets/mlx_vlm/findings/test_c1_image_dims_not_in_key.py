@@ -1,21 +1,23 @@
-"""mlx-vlm 0.7.10, automatic prefix cache: two different images with equal pixel_values bytes share cached K/V.
+"""mlx-vlm 0.7.10, automatic prefix cache: two different images with equal pixel_values bytes share cached state.
 
 Standalone (mlx-vlm's public API, numpy, transformers' Qwen2VLImageProcessor; no hub files):
-    python -m pytest test_c1_image_dims_not_in_key.py -q      (fails on mlx-vlm 0.7.10)
+    python -m pytest test_c1_image_dims_not_in_key.py -q      (both tests fail on mlx-vlm 0.7.10)
 
-A blank landscape page (28 x 84 px) and a blank portrait page (84 x 28 px) of one grey are different
-images: image_grid_thw (1, 2, 6) vs (1, 6, 2), so different vision positions and M-RoPE positions. Both
-give 3 image tokens, and their pixel_values are byte-identical (every 14 x 14 patch is the same).
+A blank landscape page (u x 3u px) and a blank portrait page (3u x u px) of one grey, u = 2 x patch, are
+different images: image_grid_thw (1, 2, 6) vs (1, 6, 2), so different vision and M-RoPE positions. Both
+give 3 image tokens, and their pixel_values are byte-identical (every patch is the same).
 The APC salt is `semantic_extra_hash(image_hash=hash_image_payload(pixel_values), ...)`, as
-`server/generation.py`'s `generate` computes it: image_grid_thw is not in it. So a request with the
-portrait page restores the blocks the landscape request stored (here from the disk tier, on by
-default, after the memory copy was evicted: a restart, or LRU), and answers with the landscape page's
-K/V: its first-token log-probabilities equal the landscape request's, not a cold run's.
+`server/generation.py`'s `generate` computes it (server/generation.py:1229): image_grid_thw is not in
+it. So the portrait request is served the landscape request's cached state and answers with the
+landscape page's: its first-token log-probabilities equal the landscape request's cold run, not its own.
 
-The state the bug needs is built through public calls and checked directly: the disk tier holds the
-landscape request's blocks (`DiskBlockStore.has`), memory holds none, and the salts of the two
-requests are equal. A fix that puts the grid (or any preprocessing output the model reads) into the
-salt makes the salts differ and the portrait request run cold.
+- qwen3_5 (a gated-delta layer and a KV layer, APC's checkpoint mode; the Qwen3.5/3.6 family): the
+  landscape request's checkpoint is restored from memory, the request right after it.
+- qwen2_vl (KV only, APC's block mode, where a memory prefix holding an image is never restored): the
+  landscape request's blocks are restored from the disk tier (on by default) after a restart.
+The stored state each test needs is checked directly (the checkpoint in `_exact_cache`; the blocks on
+disk with `DiskBlockStore.has` and none in memory). A fix that folds the grid (or any preprocessing
+output the model reads) into the salt makes the portrait request run cold, and the tests pass.
 """
 import json
 import tempfile
@@ -32,7 +34,7 @@ from mlx_vlm.generate.ar import BatchGenerator  # noqa: E402
 from mlx_vlm.utils import StoppingCriteria, load_model, update_module_configs  # noqa: E402
 
 VS, IMG = 499, 500
-CONFIG = dict(model_type="qwen2_vl", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+QWEN2_VL = dict(model_type="qwen2_vl", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
               num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=512,
               rope_theta=10000.0, tie_word_embeddings=True, max_position_embeddings=4096,
               rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
@@ -40,29 +42,45 @@ CONFIG = dict(model_type="qwen2_vl", hidden_size=64, num_hidden_layers=2, interm
               vision_config=dict(model_type="qwen2_vl", depth=1, embed_dim=32, hidden_size=64, num_heads=2,
                                  patch_size=14, spatial_patch_size=14, spatial_merge_size=2,
                                  temporal_patch_size=2, mlp_ratio=2.0, in_channels=3))
+QWEN3_5 = dict(model_type="qwen3_5", image_token_id=IMG, video_token_id=501, vision_start_token_id=VS,
+               vision_end_token_id=498, vocab_size=512, eos_token_id=[511], tie_word_embeddings=True,
+               text_config=dict(model_type="qwen3_5_text", hidden_size=64, intermediate_size=128,
+                                linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=16,
+                                linear_value_head_dim=16, linear_conv_kernel_dim=4, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+                                vocab_size=512, max_position_embeddings=4096, full_attention_interval=2,
+                                tie_word_embeddings=True,
+                                rope_parameters={"type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000,
+                                                 "partial_rotary_factor": 1.0}),
+               vision_config=dict(model_type="qwen3_5", depth=1, hidden_size=32, intermediate_size=64,
+                                  out_hidden_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
+                                  temporal_patch_size=2, num_position_embeddings=64, fullatt_block_indexes=[0],
+                                  in_channels=3))
 TEXT = [17, 18, 19, 20, 17, 18, 19, 20, 17]
 
 
-def build_model_dir() -> Path:
-    import mlx_vlm.models.qwen2_vl as arch
+def build_model_dir(config) -> Path:
+    import importlib
+    arch = importlib.import_module("mlx_vlm.models." + config["model_type"])
     d = Path(tempfile.mkdtemp())
-    cfg = json.loads(json.dumps(CONFIG))
+    cfg = json.loads(json.dumps(config))
     cfg.setdefault("text_config", {})
     mx.random.seed(20261206)
     model = arch.Model(update_module_configs(arch.ModelConfig.from_dict(cfg), arch, cfg, ["text", "vision"]))
     model.set_dtype(mx.float32)
     mx.save_safetensors(str(d / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (d / "config.json").write_text(json.dumps(CONFIG))
+    (d / "config.json").write_text(json.dumps(config))
     return d
 
 
 class Processor:
-    def __init__(self):
+    def __init__(self, patch):
         from transformers import Qwen2VLImageProcessor
         self.tokenizer = type("Tokenizer", (), {})()
         self.tokenizer.stopping_criteria = StoppingCriteria([511], None)
-        self.image_processor = Qwen2VLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2,
-                                                     min_pixels=28 * 28, max_pixels=448 * 448)
+        self.unit = 2 * patch
+        self.image_processor = Qwen2VLImageProcessor(patch_size=patch, merge_size=2, temporal_patch_size=2,
+                                                     min_pixels=self.unit ** 2, max_pixels=(16 * self.unit) ** 2)
 
 
 def prompt(processor, page):
@@ -83,6 +101,8 @@ def salt(model, processor, raw):
 def serve(model, processor, manager, raw):
     """One request as the server's worker runs it; the first token's log-probabilities."""
     gen = BatchGenerator(model.language_model, processor, max_tokens=1, apc_manager=manager, top_logprobs_k=512)
+    if gen.apc is not None:                                  # the worker's admission step
+        gen.apc.prepare_prefill(raw["input_ids"].shape[1], prefill_step_size=gen.prefill_step_size)
     data = {"image_grid_thw": raw["image_grid_thw"]}
     emb = model.get_input_embeddings(raw["input_ids"], raw["pixel_values"], mask=raw["attention_mask"], **data)
     kw = {**data, **{k: v for k, v in emb.to_dict().items() if v is not None}}
@@ -100,35 +120,52 @@ def manager(disk: str):
                                    "disk_enabled": True, "disk_path": disk})
 
 
-def test_portrait_page_is_not_served_the_landscape_pages_kv(monkeypatch):
-    monkeypatch.setenv("APC_DISK_MIN_FREE_RAM_GB", "0")      # disk restores regardless of the host's free RAM
-    d, processor, disk = build_model_dir(), Processor(), tempfile.mkdtemp()
-    landscape = np.full((28, 84, 3), 100, np.uint8)
-    portrait = np.full((84, 28, 3), 100, np.uint8)
-    ids_l, raw_l = prompt(processor, landscape)
-    ids_p, raw_p = prompt(processor, portrait)
+def pages(config):
+    """The model dir, processor, and the prompts and cold first-token log-probabilities of both pages."""
+    d, processor = build_model_dir(config), Processor(config["vision_config"]["patch_size"])
+    u = processor.unit
+    ids_l, raw_l = prompt(processor, np.full((u, 3 * u, 3), 100, np.uint8))
+    ids_p, raw_p = prompt(processor, np.full((3 * u, u, 3), 100, np.uint8))
     assert ids_l == ids_p and raw_l["image_grid_thw"].tolist() != raw_p["image_grid_thw"].tolist()
+    cold_l = serve(load_model(d), processor, None, raw_l)                 # references: no cache, fresh models
+    cold_p = serve(load_model(d), processor, None, raw_p)
+    assert np.max(np.abs(cold_p - cold_l)) > 1e-3                          # the model tells the pages apart
+    return d, processor, ids_l, raw_l, raw_p, cold_l, cold_p
 
-    cold_p = serve(load_model(d), processor, None, raw_p)             # references: no cache, fresh models
-    cold_l = serve(load_model(d), processor, None, raw_l)
-    assert np.max(np.abs(cold_p - cold_l)) > 1e-3                       # the model tells the pages apart
 
-    model = load_model(d)
+def check(model, processor, raw_l, raw_p, warm_p, cold_l, cold_p):
+    same_salt = salt(model, processor, raw_p) == salt(model, processor, raw_l)
+    assert np.max(np.abs(warm_p - cold_p)) < 1e-4, (
+        f"the portrait request was served the landscape page's state: max |warm - cold| = "
+        f"{np.max(np.abs(warm_p - cold_p)):.4f}, max |warm - cold landscape| = {np.max(np.abs(warm_p - cold_l)):.4f}; "
+        f"equal APC salts: {same_salt} (image_grid_thw is not in the salt)")
+
+
+def test_qwen3_5_portrait_page_is_not_served_the_landscape_checkpoint(monkeypatch):
+    monkeypatch.setenv("APC_EXACT_MIN_TOKENS", "4")          # the default 16 needs a longer prompt; same path
+    d, processor, ids_l, raw_l, raw_p, cold_l, cold_p = pages(QWEN3_5)
+    model, m = load_model(d), manager(tempfile.mkdtemp())
+    serve(model, processor, m, raw_l)
+    held = [e.token_ids for e in m._exact_cache.values()]               # the landscape request's checkpoint,
+    assert held and all(list(t) == ids_l[:len(t)] and len(t) > 4 for t in held)      # past the image
+    warm_p = serve(model, processor, m, raw_p)
+    m.close()
+    check(model, processor, raw_l, raw_p, warm_p, cold_l, cold_p)
+
+
+def test_qwen2_vl_portrait_page_is_not_served_the_landscape_blocks(monkeypatch):
+    monkeypatch.setenv("APC_DISK_MIN_FREE_RAM_GB", "0")      # disk restores regardless of the host's free RAM
+    d, processor, ids_l, raw_l, raw_p, cold_l, cold_p = pages(QWEN2_VL)
+    model, disk = load_model(d), tempfile.mkdtemp()
     first = manager(disk)
     serve(model, processor, first, raw_l)                               # stores the landscape request's blocks
     first.close()                                                       # flushes the disk tier; a restart
     second = manager(disk)
-    landscape_blocks = []
-    parent = apc.SEED_PARENT_HASH
+    parent, blocks = apc.SEED_PARENT_HASH, []
     for i in range(len(ids_l) // 4):
         parent = apc._hash_tokens(parent, tuple(ids_l[4 * i:4 * i + 4]), salt(model, processor, raw_l))
-        landscape_blocks.append(parent)
-    assert all(second.disk.has(h) for h in landscape_blocks) and not second.hash_table
-
+        blocks.append(parent)
+    assert all(second.disk.has(h) for h in blocks) and not second.hash_table
     warm_p = serve(model, processor, second, raw_p)
     second.close()
-    same_salt = salt(model, processor, raw_p) == salt(model, processor, raw_l)
-    assert np.max(np.abs(warm_p - cold_p)) < 1e-4, (
-        f"the portrait request was served the landscape page's K/V: max |warm - cold| = "
-        f"{np.max(np.abs(warm_p - cold_p)):.4f}, max |warm - cold landscape| = {np.max(np.abs(warm_p - cold_l)):.4f}; "
-        f"equal APC salts: {same_salt} (image_grid_thw is not in the salt)")
+    check(model, processor, raw_l, raw_p, warm_p, cold_l, cold_p)
