@@ -4,7 +4,9 @@ ours prefilled, on a stock mlx-lm cache that already holds the prefix ours resum
 For every request ours served (same prompt, in the same order, in the same process and device):
   untimed  ``mlx_lm.models.cache.make_prompt_cache(model)``, then the prompt's first ``resumed`` tokens
            (``Stats.resumed``: where ours' restore landed) in forwards of ``chunk`` tokens, each followed
-           by ``mx.eval`` of every layer's state;
+           by ``mx.eval`` of every layer's state; then every plain ``KVCache`` given room for the whole
+           prompt (ours reserves a request's rows before it starts; a stock cache would otherwise copy
+           its rows into a larger buffer in the timed part, 256 rows at a time);
   timed    the forwards ours ran, at the same offsets (``Stats.chunks``: the prefill's [p, q), evaluated
            as ours does, caches only, no vocabulary projection), then the decode seed (the prompt's last
            token) with its logits and the caches evaluated, then greedy sampling of the first token
@@ -14,8 +16,8 @@ input checks, ``begin`` (trie match, page-in of the resumed state), the same pre
 the same sampling, and every bookkeeping step between them (captures, lazy-view copies). So TTFT ours /
 limit = 1 means the cache costs nothing beyond the physical forward of the uncovered tokens.
 
-Stock caches differ from ours in one way that favours neither side by design: mlx-lm's ``KVCache``
-grows its buffer 256 rows at a time by concatenation, ours reserves the request's rows up front.
+The limit is not stock mlx-lm's TTFT: no prompt cache lookup, no buffer growth, no Python between the
+forwards beyond the loop itself; only the model's work on the uncovered tokens.
 """
 from __future__ import annotations
 
@@ -48,16 +50,49 @@ def _states(cache) -> list:
 class Limit:
     def __init__(self, lm, *, chunk: int):
         self.model, self.chunk = lm.model, chunk
+        self.shapes = None
 
     def prepare(self, prompt, resumed: int):
-        """Untimed: a stock cache holding the prompt's first ``resumed`` tokens, evaluated."""
+        """Untimed: a stock cache holding the prompt's first ``resumed`` tokens, evaluated, with room for
+        the request's rows (below)."""
         from mlx_lm.models.cache import make_prompt_cache
 
         cache = make_prompt_cache(self.model)
         for p in range(0, resumed, self.chunk):
             self.model(mx.array([prompt[p:min(p + self.chunk, resumed)]]), cache=cache)
             mx.eval(_states(cache))
+        self.reserve(cache, len(prompt))
         return cache
+
+    def reserve(self, cache, rows: int) -> None:
+        """Every plain ``KVCache`` given a buffer of at least ``rows`` rows (its 256-row steps), the
+        prefix copied in: the timed forwards then write in place, as ours' reserved buffers do, instead of
+        growing the buffer by concatenation (a copy of every row held, once per chunk)."""
+        from mlx_lm.models.cache import KVCache
+
+        for i, c in enumerate(cache):
+            if type(c) is not KVCache or (c.keys is not None and c.keys.shape[2] >= rows):
+                continue
+            k, v = self._shapes()[i]
+            cap = -(-rows // c.step) * c.step
+            keys = mx.zeros((1, k.shape[1], cap, k.shape[3]), k.dtype)
+            values = mx.zeros((1, v.shape[1], cap, v.shape[3]), v.dtype)
+            if c.offset:
+                keys[..., :c.offset, :] = c.keys[..., :c.offset, :]
+                values[..., :c.offset, :] = c.values[..., :c.offset, :]
+            c.keys, c.values = keys, values
+        mx.eval(_states(cache))
+
+    def _shapes(self) -> list:
+        """Per layer, the K and V of a one-token forward on a throw-away stock cache (heads, dims, dtype)."""
+        if self.shapes is None:
+            from mlx_lm.models.cache import make_prompt_cache
+
+            probe = make_prompt_cache(self.model)
+            self.model(mx.array([[1]]), cache=probe)
+            self.shapes = [(getattr(c, "keys", None), getattr(c, "values", None)) for c in probe]
+            mx.eval([x for kv in self.shapes for x in kv if x is not None])
+        return self.shapes
 
     def time(self, prompt, chunks, cache) -> tuple:
         """Timed: the prefill forwards ``chunks``, the seed with logits, the first greedy token.
