@@ -17,10 +17,14 @@ chunks, decode seed, decode steps). What it resumed from at r is one of a few ca
   - every other layer (window, recurrent, chunked) from such a request's state at exactly r, as a
     restored snapshot holds it (a window's rows in temporal order) unless the live caches already
     rest at r.
-Candidates are tried newest first; the request passes when one replay's seed logits equal its own
-exactly and its greedy tokens are that replay's argmax at every decode step (teacher-forced). Its
-state is then that candidate plus its steps, the provenance later requests splice from. A request
-with no seed forward (cancelled in prefill, max_tokens 0) is not judged: every candidate stays.
+Candidates are distinct replays (`replayer.origin`), those whose whole-state layers one of their
+forwards left at exactly r first (a chunked or recurrent layer is restored only from a capture there;
+an older request's capture is found though newer requests passed through r), then newest first. The
+request passes when one replay's seed logits equal its own exactly and its greedy tokens are that
+replay's argmax at every decode step (teacher-forced). Its state is then that candidate plus its
+steps, the provenance later requests splice from. A request with no seed forward (cancelled in
+prefill, max_tokens 0) is not judged: its candidates stay, up to MAX_HISTORY of them, those whose
+replay computed the KV rows it left in the engine's live caches.
 
 Replays run on mlx-lm's stock caches, independent of impl/caches (fuzz/replayer.py); a candidate
 that needs a trim the stock caches refuse, or a forward cut inside a non-causal item, is no
@@ -35,7 +39,7 @@ import numpy as np
 
 from impl.trie import common_prefix
 
-from .replayer import Fwd, NotReplayable, Replayer, Source, Splice, Step, describe
+from .replayer import Fwd, NotReplayable, Replayer, Source, Splice, Step, at_boundary, describe, origin
 
 MAX_CANDIDATES = 12     # candidate resumes tried per request
 MAX_HISTORY = 4         # candidates kept for a request that cannot be judged
@@ -96,33 +100,34 @@ class Replay:
         self.streams: list[Stream] = []
 
     def candidates(self, keys, r: int, segments=None) -> list:
-        """Resumes at r to try; `segments` ((state, a, b), ...): who wrote each KV row (row_writers)."""
+        """Resumes at r to try; `segments` ((state, a, b), ...): who wrote each KV row (row_writers).
+        Distinct replays only (replayer.origin), those whose whole-state layers a forward left at r
+        (where a snapshot is captured) first, else newest first."""
         if r == 0:
             return [None]
-        if segments is not None:
-            live = self.streams[-1] if self.streams else None
-            out = []
-            for w in reversed(self.streams):
-                if w.keys[:r] == keys[:r] and len(w.keys) >= r:
-                    kept = w is live and len(live.keys) == r
-                    out += [Splice(tuple(segments), ws, r, restored) for ws in w.states
-                            for restored in ((False, True) if kept else (True,))]
-            return out[:MAX_CANDIDATES]
-        writers = [s for s in reversed(self.streams) if len(s.keys) >= r and s.keys[:r] == keys[:r]]
         live = self.streams[-1] if self.streams else None
         c = min(common_prefix(live.keys, keys), r) if live is not None else 0
-        out = []
-        for w in writers:
+        out, seen = [], set()
+        for w in reversed(self.streams):
+            if len(w.keys) < r or w.keys[:r] != keys[:r]:
+                continue
             # the live caches resting exactly at r are used as they are; else whole states are restored
             kept = w is live and len(live.keys) == r
             for ws in w.states:
                 for restored in ((False, True) if kept else (True,)):
-                    for ls in (live.states if live is not None and c > 0 and w is not live else ()):
-                        out.append(Splice(((ls, 0, c), (ws, c, r)) if c < r else ((ls, 0, r),), ws, r, restored))
-                    out.append(Splice(((ws, 0, r),), ws, r, restored))       # every row from one writer
-                if len(out) >= MAX_CANDIDATES:
-                    return out[:MAX_CANDIDATES]
-        return out
+                    if segments is not None:
+                        splices = [Splice(tuple(segments), ws, r, restored)]
+                    else:
+                        splices = [Splice(((ls, 0, c), (ws, c, r)) if c < r else ((ls, 0, r),), ws, r, restored)
+                                   for ls in (live.states if live is not None and c > 0 and w is not live else ())]
+                        splices.append(Splice(((ws, 0, r),), ws, r, restored))   # every row from one writer
+                    for sp in splices:
+                        key = origin(sp, r)
+                        if key not in seen:
+                            seen.add(key)
+                            out.append(sp)
+        out.sort(key=lambda sp: not at_boundary(sp, r))
+        return out[:MAX_CANDIDATES]
 
     def row_writers(self, keys, r: int, engine):
         """Who wrote each KV row [0, r) the engine restored (read from its live caches, which keep
@@ -164,6 +169,26 @@ class Replay:
                 a = i
         return tuple(runs)
 
+    def _unjudged(self, engine, states: list, r: int, end: int) -> list:
+        """The candidate states of a request with no seed forward (cancelled in prefill): those whose
+        replay computed the KV rows [r, end) the engine's live caches hold after it, where there are
+        more than MAX_HISTORY to keep (if none does, the first MAX_HISTORY: a later request restoring
+        those rows is then flagged by row_writers)."""
+        ours = _impl_rows(engine, end) if engine is not None and end > r and len(states) > MAX_HISTORY else {}
+        agree = []
+        for s in states if ours else ():
+            try:
+                theirs = self.run.kv_rows(s, end)
+            except NotReplayable:
+                continue
+            if set(theirs) == set(ours) and all(
+                    bool(mx.array_equal(k[..., r:, :], theirs[p][0][..., r:, :]))
+                    and bool(mx.array_equal(v[..., r:, :], theirs[p][1][..., r:, :])) for p, (k, v) in ours.items()):
+                agree.append(s)
+                if len(agree) == MAX_HISTORY:
+                    break
+        return agree or states[:MAX_HISTORY]
+
     def judge(self, tokens, media, result, first: np.ndarray | None = None, greedy: bool = True,
               engine=None) -> Verdict:
         """Judge one Engine.generate result and record its stream; `first`: its seed logits as
@@ -187,7 +212,7 @@ class Replay:
         cands = self.candidates(keys, r, segments)
         if first is None:
             end = r + st.prefilled
-            states = [Fwd(c, r, tuple(own)) for c in cands[:MAX_HISTORY]]
+            states = self._unjudged(engine, [Fwd(c, r, tuple(own)) for c in cands], r, end)
             self.streams.append(Stream(keys[:end], states or [Fwd(None, 0, tuple(own))]))
             return Verdict(False, True, candidates=len(cands))
         own.append(Step(n - 1, n, src))

@@ -64,6 +64,59 @@ class Splice:
     restored: bool = True
 
 
+def _whole(p, r: int):
+    """(the Fwd whose own forwards give p's whole-state layers at r, or None for cold caches; whether a
+    splice on the way restores them as a snapshot)."""
+    restored = False
+    while True:
+        if isinstance(p, Fwd) and p.parent is not None and r <= p.at:
+            p = p.parent
+        elif isinstance(p, Splice) and r <= p.end:
+            restored, p = restored or p.restored, p.whole
+        else:
+            return p, restored
+
+
+def _rows(p, r: int, a: int, b: int) -> list:
+    """[(Fwd, a', b'), ...]: which Fwd's forwards computed each KV row [a, b) of p's state at r."""
+    if a >= b or p is None:
+        return []
+    if isinstance(p, Splice) and r <= p.end:
+        out, cur = [], a
+        for q, pa, pb in sorted(p.kv, key=lambda x: x[1]):
+            lo, hi = max(cur, pa), min(b, pb, r)
+            if lo < hi:
+                out += _rows(p.whole, r, cur, lo) + _rows(q, min(pb, r), lo, hi)
+                cur = hi
+        return out + _rows(p.whole, r, cur, b)
+    if isinstance(p, Fwd):
+        if p.parent is not None and r <= p.at:
+            return _rows(p.parent, r, a, b)
+        return _rows(p.parent, p.at, a, min(b, p.at)) + ([(p, max(a, p.at), b)] if b > p.at else [])
+    return [(p, a, b)]
+
+
+def origin(p, r: int) -> tuple:
+    """A key of the state `Replayer.state_at(p, r)` replays: provenances with equal keys run the same
+    forwards, so they replay the same state. The whole-state layers are those of the Fwd whose own
+    forwards reach r (with its parent, fixed); each KV row is the row of the Fwd that computed it."""
+    w, restored = _whole(p, r)
+    runs = []
+    for q, a, b in _rows(p, r, 0, r):
+        if runs and runs[-1][0] == id(q) and runs[-1][2] == a:
+            runs[-1] = (id(q), runs[-1][1], b)
+        else:
+            runs.append((id(q), a, b))
+    return (id(w), restored, tuple(runs))
+
+
+def at_boundary(p, r: int) -> bool:
+    """Whether p's whole-state layers at r are where one of its forwards ended (a snapshot captured
+    there), rather than a forward that passed r trimmed back (which impl only does to a window)."""
+    w, _ = _whole(p, r)
+    return w is None or any(s.b == r for s in w.steps)
+
+
 def describe(p, depth: int = 0) -> str:
     if p is None:
         return "cold"

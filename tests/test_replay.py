@@ -15,7 +15,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from fuzz.replay import Replay, Replayer, Source, Splice, Step, _measure_exact
+import fuzz.replay as replay_mod
+from fuzz.replay import Replay, Replayer, Source, Splice, Step, _impl_rows, _measure_exact
+from fuzz.replayer import _whole
 from impl.engine import Engine
 from impl.models import load
 
@@ -108,6 +110,59 @@ def test_a_state_spliced_from_three_requests_is_exact():
     vr = rows.judge(c, [], rc, engine=eng)
     assert vr.ok, vr.message
     assert [(a, b) for _, a, b in rows.streams[-1].states[0].parent.kv] == [(0, 24), (24, 35)]
+    for x in eng.caches:
+        if x is not None:
+            x.free()
+
+
+def test_a_cancelled_request_keeps_the_old_writer_of_its_chunked_state(monkeypatch):
+    """llama4 (chunked attention, chunk 8, + full KV). The chunked layers can be restored only where a
+    forward ended. A writes [0, 40) in one forward from 0; B diverges from A at 6, so its forward is cut
+    there and the state at 6 is captured; five turns continue A (their state at 6 replays as A's forward
+    trimmed back, other bits); D diverges at 6 too, resumes on B's capture, prefills [6, 22) and is
+    cancelled (no logits: its provenance stays a list of candidates); E extends D and resumes at 22,
+    its KV rows [6, 8) attending to B's chunked state. B must be among D's candidates, though five
+    newer requests passed through 6 (fuzz/corpus/found-llama4-cancelled-resume-on-old-chunked-capture.json).
+    With more candidates than MAX_HISTORY, those whose replay computed the rows D left are kept."""
+    lm = load("llama4")
+    eng, judge = _engine(lm), Replay(lm)
+    rng = np.random.default_rng(47)
+    fresh = lambda n: rng.integers(1, lm.vocab_size, n).tolist()      # noqa: E731
+    s = fresh(6)
+    a = s + fresh(34)
+
+    def run(toks, max_tokens=2, cancel=None):
+        r = eng.generate(toks, max_tokens=max_tokens, cancel=cancel, stop_at_eos=False)
+        v = judge.judge(toks, [], r, engine=eng)
+        assert v.ok, v.message
+        return r
+    ra = run(a)
+    rb = run(s + fresh(20))
+    assert rb.stats.resumed == 0 and rb.stats.chunks[0] == (0, 6)
+    turn, reply = a, ra.tokens[:-1]
+    for _ in range(5):
+        turn = turn + reply + fresh(5)
+        reply = run(turn).tokens[:-1]
+    calls = [0]
+
+    def cancel():
+        calls[0] += 1
+        return calls[0] > 1
+    d = s + fresh(30)
+    rd = run(d, max_tokens=1, cancel=cancel)
+    assert rd.cancelled and rd.stats.resumed == 6 and rd.stats.chunks == ((6, 22),)
+    b_state = judge.streams[1].states[0]
+    kept = judge.streams[-1].states
+    assert any(_whole(st.parent, 6)[0] is b_state for st in kept)
+    # more candidates than MAX_HISTORY, B's last: those whose replay computed the rows D left are kept
+    ours = _impl_rows(eng, 22)
+    monkeypatch.setattr(replay_mod, "MAX_HISTORY", 1)
+    for st in judge._unjudged(eng, list(reversed(kept)), 6, 22):
+        theirs = judge.run.kv_rows(st, 22)
+        assert all(mx.array_equal(k, theirs[p][0]) and mx.array_equal(v, theirs[p][1]) for p, (k, v) in ours.items())
+    monkeypatch.undo()
+    re_ = run(d + fresh(4))
+    assert re_.stats.resumed == 22
     for x in eng.caches:
         if x is not None:
             x.free()
