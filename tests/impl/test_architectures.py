@@ -5,6 +5,10 @@
   so a new architecture's check cannot slip through).
 - mamba (v1) regression: mamba writes its state back only into an ArraysCache; before our recurrent
   cache subclassed it, the state was never stored and decoding drifted (1.24 off after 6 + 4 tokens).
+  Where same-schedule replays are bit-identical on this backend (fuzz/replay.py `replay_is_exact`),
+  the logits of a prefill and 4 decode steps on our caches must equal, bit for bit, the same forwards
+  on mlx-lm's stock caches (a stored state a few ulps off fails); elsewhere they lie within the
+  calibrated C1 tolerance of one forward with no cache.
 - Each architecture of ``tests/support/small_archs.ARCHITECTURES``, built small, gives logits
   bit-identical to mlx-lm's own caches through prefill, decode steps and a trim-and-regenerate
   (``tests/support/arch_compare``), or is refused with the documented error (``REFUSALS``, the same
@@ -114,22 +118,78 @@ def _mamba_v1():
     return model
 
 
-def test_mamba_v1_decoding_on_our_caches_matches_a_no_cache_forward():
-    model = _mamba_v1()
-    tokens = [3, 14, 15, 9, 26, 5, 35, 8, 9, 7]
-    caches = make_layer_caches(model)
-    logits = [forward(model, tokens[:6], caches)[0, -1]]
-    for t in tokens[6:]:
-        logits.append(forward(model, [t], caches)[0, -1])
-    full = model(mx.array([tokens]))[0, 5:]
-    diff = mx.abs(mx.stack(logits) - full).max().item()
-    from types import SimpleNamespace
+MAMBA_TOKENS, MAMBA_PREFILL = [3, 14, 15, 9, 26, 5, 35, 8, 9, 7], 6
 
+
+def _mamba_v1_lm(model):
+    from types import SimpleNamespace
+    return SimpleNamespace(name="mamba-v1-test", model=model, vocab_size=64, dtype="float32",
+                           make_caches=lambda: make_layer_caches(model))
+
+
+def _decode_on_our_caches(model, plant: str | None = None) -> mx.array:
+    """Logits of a prefill of MAMBA_PREFILL tokens, then one decode step per remaining token; plant: a
+    wrong state stored after the prefill, "recurrent_off" (fuzz/planted.py: every recurrent layer's
+    state from one token earlier) or "conv_ulps" (every convolution state scaled by 1 + 2**-20, about
+    8 ulps: 5e-7 to 2e-6 on the logits here, the order of the chunking noise)."""
+    caches = make_layer_caches(model)
+    logits = [forward(model, MAMBA_TOKENS[:MAMBA_PREFILL], caches)[0, -1]]
+    if plant == "recurrent_off":
+        earlier = make_layer_caches(model)
+        mx.eval(forward(model, MAMBA_TOKENS[:MAMBA_PREFILL - 1], earlier))
+        for c, e in zip(caches, earlier):
+            c.cache = [mx.array(a) for a in e.cache]
+    elif plant == "conv_ulps":
+        for c in caches:
+            c.cache[0] = c.cache[0] * (1 + 2 ** -20)
+    for t in MAMBA_TOKENS[MAMBA_PREFILL:]:
+        logits.append(forward(model, [t], caches)[0, -1])
+    return mx.stack(logits).astype(mx.float32)
+
+
+def _same_forwards_on_stock_caches(lm) -> mx.array:
+    from fuzz.replay import Replayer, Source, Step
+
+    src = Source(tuple(MAMBA_TOKENS), (), tuple(MAMBA_TOKENS))
+    cuts = [0] + list(range(MAMBA_PREFILL, len(MAMBA_TOKENS) + 1))
+    rp, out = Replayer(lm), []
+    caches = rp.fresh()
+    for a, b in zip(cuts, cuts[1:]):
+        out.append(rp.step(caches, a, Step(a, b, src)))
+    return mx.stack(out)
+
+
+def test_mamba_v1_decoding_on_our_caches_matches_mlx_lm():
+    from fuzz.replay import replay_is_exact
+
+    model = _mamba_v1()
+    lm = _mamba_v1_lm(model)
+    ours = _decode_on_our_caches(model)
+    if replay_is_exact(lm):
+        want = _same_forwards_on_stock_caches(lm)
+        diff = mx.abs(ours - want).max().item()
+        assert mx.array_equal(ours, want).item(), (
+            f"mamba v1 on our caches differs by {diff:.3g} from the same forwards on mlx-lm's caches (exact C1)")
+        return
     from fuzz.calibrate import tolerance
-    lm = SimpleNamespace(name="mamba-v1-test", model=model, vocab_size=64, dtype="float32",
-                         make_caches=lambda: make_layer_caches(model))
+
+    full = model(mx.array([MAMBA_TOKENS]))[0, MAMBA_PREFILL - 1:]
+    diff = mx.abs(ours - full).max().item()
     tol = tolerance(lm)          # C1's tolerance calibrated on this device (TF32 GPUs: 1.07e-3 was seen)
     assert diff <= tol, f"mamba v1 on our caches drifts {diff:.3g} > {tol:.3g} from a no-cache forward (state not stored?)"
+
+
+@pytest.mark.parametrize("plant", ["recurrent_off", "conv_ulps"])
+def test_mamba_v1_exact_comparison_flags_a_planted_state(plant):
+    from fuzz.replay import replay_is_exact
+
+    model = _mamba_v1()
+    lm = _mamba_v1_lm(model)
+    if not replay_is_exact(lm):
+        pytest.skip("same-schedule replays are not bit-identical here: C1 is calibrated, and a few ulps lie within it")
+    ours, want = _decode_on_our_caches(model, plant), _same_forwards_on_stock_caches(lm)
+    assert not mx.array_equal(ours[1:], want[1:]).item()
+    assert mx.array_equal(ours[0], want[0]).item()          # the prefill itself is right
 
 
 # ------------------------------------------------------------------ every architecture

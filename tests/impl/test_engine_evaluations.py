@@ -14,7 +14,9 @@ conversations on a hybrid model (qwen3next: recurrent layers beside full attenti
 A request that continues the conversation the live caches hold has nothing to copy out, so its page-in
 makes no evaluation at all.
 
-The rows stay right: the first logits equal a cold prefill's (C1).
+The rows stay right: each checked request passes C1 (test_engine_support.assert_c1; the engines are
+`judged`: bit for bit against a same-schedule replay on mlx-lm's stock caches where such replays are
+exact on this backend, else within the calibrated tolerance of a cold prefill).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import pytest
 import impl.caches.evaluation as evaluation
 from impl.engine import Engine
 from impl.models import load
-from test_engine_support import TOL, max_abs
+from test_engine_support import assert_c1, judged
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +78,7 @@ def recorder(monkeypatch, e: Engine) -> list:
 
 
 def test_a_conversation_switch_synchronises_once_before_its_first_forward(hybrid, monkeypatch):
-    e = Engine(hybrid, capture_interval=1 << 20, near_end=0, check_rules=False)
+    e = judged(Engine(hybrid, capture_interval=1 << 20, near_end=0, check_rules=False))
     tok = hybrid.tokenizer
     system = {"role": "system", "content": "You answer every question in one short sentence, politely."}
     a = [system, {"role": "user", "content": "What colour is the sky on a clear day?"}]
@@ -92,8 +94,7 @@ def test_a_conversation_switch_synchronises_once_before_its_first_forward(hybrid
     steps = log.count("decode starts")
     assert steps == 11 and log.count("decode") == steps, log      # one evaluation a step: its forward's
     assert "close" not in log, log
-    cold = Engine(hybrid, capture_interval=1 << 20, near_end=0).generate(a2, max_tokens=1)
-    assert max_abs(r.first_logits, cold.first_logits) <= TOL[hybrid.name]    # C1, calibrated (TF32 on a GPU)
+    assert_c1(hybrid, e.tokens_of(a2), [], r)
 
 
 def test_decode_asks_about_lazy_views_once_and_still_copies_those_it_overwrites(hybrid, monkeypatch):
@@ -108,7 +109,7 @@ def test_decode_asks_about_lazy_views_once_and_still_copies_those_it_overwrites(
     calls = []
     real = engine_module.before_write
     monkeypatch.setattr(engine_module, "before_write", lambda caches, n: (calls.append(n), real(caches, n)))
-    e = Engine(hybrid, capture_interval=1 << 20, near_end=0)
+    e = judged(Engine(hybrid, capture_interval=1 << 20, near_end=0))
     system = {"role": "system", "content": "You answer every question in one short sentence, politely."}
     long_q = [system, {"role": "user", "content": "Describe, in some detail, how a river carves a canyon "
                                                   "over millions of years, and what the rock layers show."}]
@@ -127,15 +128,14 @@ def test_decode_asks_about_lazy_views_once_and_still_copies_those_it_overwrites(
                       {"role": "user", "content": "Shorter, please."}]
     resumed = e.generate(again, max_tokens=1)
     assert resumed.stats.resumed == resumed.stats.matched >= views_past, resumed.stats   # over the copied rows
-    cold = Engine(hybrid, capture_interval=1 << 20, near_end=0).generate(again, max_tokens=1)
-    assert max_abs(resumed.first_logits, cold.first_logits) <= TOL[hybrid.name]
+    assert_c1(hybrid, e.tokens_of(again), [], resumed)
 
 
 def test_a_continued_conversation_does_not_synchronise_before_its_first_forward(hybrid, monkeypatch):
     """Nothing to copy out (the conversation goes on where the live caches rest): the page-in makes no
     evaluation. The recurrent page-out the last close left pending is evaluated with the first
     forward (its slots are replaced, never written in place), and the restored rows stay right."""
-    e = Engine(hybrid, capture_interval=1 << 20, near_end=0, check_rules=False)
+    e = judged(Engine(hybrid, capture_interval=1 << 20, near_end=0, check_rules=False))
     a = [{"role": "system", "content": "You answer every question in one short sentence, politely."},
          {"role": "user", "content": "What colour is the sky on a clear day?"}]
     first = e.generate(a, max_tokens=12, stop_at_eos=False)
@@ -146,5 +146,4 @@ def test_a_continued_conversation_does_not_synchronise_before_its_first_forward(
     assert r.stats.resumed > first.prompt_tokens, r.stats        # on from the live caches
     assert "page-in" not in log and "close" not in log, log
     assert log.count("forward") == log.count("forward starts"), log    # one evaluation a forward
-    cold = Engine(hybrid, capture_interval=1 << 20, near_end=0).generate(a2, max_tokens=1)
-    assert max_abs(r.first_logits, cold.first_logits) <= TOL[hybrid.name]    # C1, calibrated (TF32 on a GPU)
+    assert_c1(hybrid, e.tokens_of(a2), [], r)
