@@ -5,12 +5,84 @@ removes nodes while the trie's bytes exceed the budget.
   E3  LRU first; ties deeper, then larger, then by key path;
   E4  a leaf is removed, a one-child node merged into its child (P2 compaction follows).
 
-A mixin: it uses the prefix cache's trie, path, budget, settled marks and check flag, and its _compact.
+A mixin: it uses the prefix cache's trie, path, budget, settled marks, order and check flag, and its
+_compact.
+
+The E3 order is kept incrementally (`EvictionOrder`), so that choosing a victim costs O(log n)
+amortised, not a walk over the trie's n nodes; the budget test reads the trie's byte counter, which
+the snapshot hooks keep (impl/trie.py, A1). Under `check=True` every victim is compared with the
+walk's (impl.invariants.walked_victim), which is the order's definition.
 """
 from __future__ import annotations
 
+import heapq
+import itertools
+
 from impl import invariants
 from impl.trie import Node
+
+
+def _branch_point(n: Node) -> bool:
+    """Two children or more: protected (E2) until it loses one, and the trie marks it changed then."""
+    return len(n.children) > 1
+
+
+class EvictionOrder:
+    """The E3 order of the trie's nodes as a heap with lazy invalidation.
+
+    Invariants, at every `first` call (after `_update`):
+    - `current` maps every node of the trie that may be evictable to its one current entry
+      (key, sequence number, node), key = evict_order(node) as of the last change to the node. The
+      nodes left out are the root and the nodes detached from the trie (no parent), and branch points
+      the rule protects (they come back when they lose a child: the trie marks them then).
+    - `heap` holds every current entry, plus stale ones (an entry whose node has a newer entry or none),
+      which are dropped when they reach the top; when stale entries outnumber current ones the heap is
+      rebuilt, so it stays within twice the current entries (each stale entry costs O(1) amortised).
+    - The trie adds to `changed` every node whose key, children or attachment changed since (Node's
+      last_used setter, Trie's primitives); `_update` re-reads exactly those.
+    """
+
+    def __init__(self, changed: set):
+        self.changed = changed
+        self.current: dict = {}
+        self.heap: list = []
+        self._seq = itertools.count()
+
+    def _update(self, pc) -> None:
+        for n in self.changed:
+            self.current.pop(n, None)
+            if n.parent is not None and (pc.evictable(n) or not _branch_point(n)):
+                e = (pc.evict_order(n), next(self._seq), n)
+                self.current[n] = e
+                heapq.heappush(self.heap, e)
+        self.changed.clear()
+        if len(self.heap) > 2 * len(self.current):          # stale entries outnumber current ones
+            self.heap = list(self.current.values())
+            heapq.heapify(self.heap)
+
+    def first(self, pc) -> Node | None:
+        """E3's first evictable node: the least key among evictable nodes, ties broken by key path.
+        A protected branch point is dropped until it loses a child; any other node the rule protects
+        (the frontier: it may move without changing) is set aside and put back."""
+        self._update(pc)
+        best, tied, aside = None, [], []
+        while self.heap and (best is None or self.heap[0][0] == best):
+            e = heapq.heappop(self.heap)
+            n = e[2]
+            if self.current.get(n) is not e:
+                continue                                     # stale
+            if pc.evictable(n):
+                best = e[0]
+                tied.append(e)
+            elif _branch_point(n):
+                del self.current[n]
+            else:
+                aside.append(e)
+        for e in aside + tied:                               # all still current: the victim's entry goes
+            heapq.heappush(self.heap, e)                     # when the eviction marks it changed
+        if len(tied) < 2:
+            return tied[0][2] if tied else None
+        return min((e[2] for e in tied), key=Node.path_keys)
 
 
 class Eviction:
@@ -19,29 +91,18 @@ class Eviction:
         return n is not self.root and n is not self.frontier and len(n.children) < 2
 
     def evict_order(self, n: Node) -> tuple:
-        """E3: LRU first; ties deeper, then larger (_victim breaks the rest by key path)."""
+        """E3: LRU first; ties deeper, then larger (the order breaks the rest by key path)."""
         return (n.last_used, -n.end, -n.bytes())
 
     def _victim(self) -> Node | None:
-        """E3's first evictable node: one pass over the trie (in no particular order: ties are broken
-        by key path, which is unique)."""
-        best, tied, stack = None, [], [self.root]
-        while stack:
-            n = stack.pop()
-            stack.extend(n.children.values())
-            if self.evictable(n):
-                k = self.evict_order(n)
-                if best is None or k < best:
-                    best, tied = k, [n]
-                elif k == best:
-                    tied.append(n)
-        if len(tied) < 2:
-            return tied[0] if tied else None
-        return min(tied, key=Node.path_keys)
+        """E3's first evictable node, from the incremental order (O(log n) amortised)."""
+        return self.order.first(self)
 
     def _evict(self) -> None:
         while self.trie.counter > self.budget:
             v = self._victim()
+            if self.check:
+                invariants.assert_victim(self, v)
             if v is None:
                 return
             if self.check:

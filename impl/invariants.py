@@ -56,3 +56,29 @@ def assert_evictable(pc, victim) -> None:
     if not e2_evictable(v, node):
         raise RuleViolation(f"E2 at {node}: chosen for eviction but protected (root, frontier or branch point)"
                             + "\n" + pc.dump())
+
+
+def walked_victim(pc):
+    """E3's first evictable node by a walk over the whole trie (O(n)): the definition the incremental
+    order (impl.eviction.EvictionOrder) must agree with, victim after victim. Ties on the order's key
+    are broken by key path, which is unique."""
+    from impl.trie import Node, walk
+    best, tied = None, []
+    for n in walk(pc.root):
+        if pc.evictable(n):
+            k = pc.evict_order(n)
+            if best is None or k < best:
+                best, tied = k, [n]
+            elif k == best:
+                tied.append(n)
+    return min(tied, key=Node.path_keys) if tied else None
+
+
+def assert_victim(pc, victim) -> None:
+    """E3, where the victim is chosen: the incremental order's choice is the walk's."""
+    walked = walked_victim(pc)
+    if walked is not victim:
+        def show(n):
+            return "none" if n is None else f"{n} key {pc.evict_order(n)} path {n.path_keys()}"
+        raise RuleViolation(f"E3: the eviction order chose {show(victim)}, the walk over the trie chooses "
+                            f"{show(walked)}\n" + pc.dump())

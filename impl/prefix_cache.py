@@ -28,7 +28,7 @@ from bisect import bisect_left, bisect_right
 
 from impl import dump, invariants
 from impl.caches.evaluation import deferred_eval
-from impl.eviction import Eviction
+from impl.eviction import Eviction, EvictionOrder
 from impl.plan import _chunk_end, _inside, schedule
 from impl.request import Request, Stats
 from impl.settled import Settled
@@ -43,6 +43,7 @@ class PrefixCache(Eviction):
         self._stateful = tuple(i for i, c in enumerate(self.caches) if c is not None)
         self._kv = tuple((i, c) for i, c in enumerate(self.caches) if c is not None and c.kind == "kv")
         self.trie = Trie(self.caches)
+        self.order = EvictionOrder(self.trie.changed)        # E3, kept as the trie changes (impl/eviction.py)
         self.budget, self.interval, self.near_end = budget, interval, near_end
         self.check = check
         self.seq: list = []

@@ -18,6 +18,9 @@ Invariants kept here (REFERENCE rule ids):
       snapshot a node holds reports materialisation through a hook into it,
       which also keeps the node's own total (`Node.bytes`, read by eviction).
   A2  a snapshot leaves a node only to another node or to release(), once.
+  `Trie.changed` holds every node whose eviction key (last-used time, end, bytes) or number of
+  children changed, or that left the trie, since impl/eviction.py's order last read it: the
+  primitives below add them, and so does setting `Node.last_used`.
 """
 from __future__ import annotations
 
@@ -26,18 +29,30 @@ from functools import partial
 
 
 class Node:
-    __slots__ = ("edge", "start", "parent", "children", "snaps", "last_used", "used_at", "user", "held")
+    __slots__ = ("edge", "start", "parent", "children", "snaps", "_last_used", "used_at", "user", "held",
+                 "changed")
 
-    def __init__(self, edge: tuple, start: int, n_layers: int, parent: "Node | None" = None, last_used: int = 0):
+    def __init__(self, edge: tuple, start: int, n_layers: int, parent: "Node | None" = None, last_used: int = 0,
+                 changed: set | None = None):
         self.edge = edge
         self.start = start
         self.parent = parent
         self.children: dict = {}          # first key -> child (T2)
         self.snaps: list = [None] * n_layers
+        self.changed = set() if changed is None else changed     # the trie's Trie.changed
         self.last_used = last_used        # logical clock (eviction order)
         self.used_at = time.monotonic()   # wall time, for dumps only
         self.user = False
         self.held = 0                     # owned bytes of `snaps`, kept by Trie.own/disown and the hook
+
+    @property
+    def last_used(self) -> int:
+        return self._last_used
+
+    @last_used.setter
+    def last_used(self, t: int) -> None:
+        self._last_used = t
+        self.changed.add(self)            # its eviction key changed (whoever sets it: touch, merge, a test)
 
     @property
     def end(self) -> int:
@@ -106,19 +121,22 @@ class Trie:
 
     def __init__(self, caches):
         self.caches = list(caches)
-        self.root = Node((), 0, len(self.caches))
+        self.changed: set = set()         # nodes to re-read by the eviction order (impl/eviction.py)
+        self.root = Node((), 0, len(self.caches), changed=self.changed)
         self.counter = 0
 
     # --- ownership (A1, A2) ---
     def _grew(self, node: Node, delta: int) -> None:
         node.held += delta
         self.counter += delta
+        self.changed.add(node)
 
     def own(self, node: Node, i: int, snap) -> None:
         assert node.snaps[i] is None, f"layer {i} of {node} already held"
         node.snaps[i] = snap
         node.held += snap.size
         self.counter += snap.size
+        self.changed.add(node)
         snap.on_materialise = partial(self._grew, node)
 
     def disown(self, node: Node, i: int):
@@ -127,6 +145,7 @@ class Trie:
         snap.on_materialise = None
         node.held -= snap.size
         self.counter -= snap.size
+        self.changed.add(node)
         return snap
 
     # --- node primitives ---
@@ -135,7 +154,7 @@ class Trie:
         if not node.start < at < node.end:
             raise ValueError(f"split at {at} outside ({node.start}, {node.end})")
         k = at - node.start
-        head = Node(node.edge[:k], node.start, len(self.caches), node.parent, node.last_used)
+        head = Node(node.edge[:k], node.start, len(self.caches), node.parent, node.last_used, self.changed)
         head.used_at = node.used_at
         head.children[node.edge[k]] = node
         node.parent.children[node.edge[0]] = head
@@ -170,6 +189,7 @@ class Trie:
         node.last_used = max(node.last_used, child.last_used)
         node.used_at = max(node.used_at, child.used_at)
         child.parent, child.children = None, {}
+        self.changed.update((node, child))
         return node
 
     def remove_leaf(self, node: Node) -> None:
@@ -179,11 +199,13 @@ class Trie:
             if s is not None:
                 self.disown(node, i).release()
         del node.parent.children[node.edge[0]]
+        self.changed.update((node, node.parent))
         node.parent = None
 
     def append_child(self, node: Node, edge: tuple) -> Node:
-        child = Node(tuple(edge), node.end, len(self.caches), node, node.last_used)
+        child = Node(tuple(edge), node.end, len(self.caches), node, node.last_used, self.changed)
         node.children[child.edge[0]] = child
+        self.changed.add(node)
         return child
 
     def nodes(self) -> list:
