@@ -1,4 +1,4 @@
-"""`./dev check-sglang [--minutes N] [--report DIR] [--src PATH | --release V] [--fixture FAULT]`
+"""`./dev check-sglang [--cache full|swa] [--minutes N] [--report DIR] [--src PATH | --release V] [--fixture FAULT]`
 `./dev check-sglang --replay P.json [...] --releases V1,V2,... | --srcs PATH1,PATH2,...`
 
 check: runs the rule machines against SGLang's RadixCache for N minutes (default 10) and writes
@@ -6,7 +6,8 @@ DIR/report.md (default reports/sglang): per violated rule its meaning, the SGLan
 responsible, seconds to detection, the shrunk program (DIR/programs/RULE.json, replayable).
 The sglang used: the installed one, or --src (a source checkout or an unpacked wheel; SGLANG_SRC),
 or --release V (the PyPI wheel, fetched --no-deps with pip and unpacked under ~/.cache).
---fixture FAULT runs the planted-fault fake (targets/sglang/fixture.py) instead (no sglang needed).
+--fixture FAULT runs the planted-fault fake (targets/sglang/fixture.py; with --cache swa
+targets/sglang/fixture_swa.py) instead (no sglang needed).
 
 --replay: each program on each sglang in order (oldest first), one process per sglang; prints
 whether it reproduces and names the first one where each program stops reproducing.
@@ -44,6 +45,16 @@ def release_dir(v: str) -> Path:
 
 def make_target(a):
     from targets.sglang.target import SglangTarget
+    if a.cache == "swa":
+        from targets.sglang.swa import SwaTarget
+        if a.fixture:
+            from targets.sglang.fixture_swa import FakeSwaApi
+            return SwaTarget(FakeSwaApi(None if a.fixture == "none" else a.fixture)), f"SWA fixture ({a.fixture})"
+        from targets.sglang import engine
+        from targets.sglang.swa import load_swa
+        src = a.src or (str(release_dir(a.release)) if a.release else None)
+        api = load_swa(src)
+        return SwaTarget(api), f"sglang {engine.version(engine.load(src))} SWARadixCache"
     if a.fixture:
         from targets.sglang.fixture import FakeApi
         return SglangTarget(FakeApi(None if a.fixture == "none" else a.fixture), page_size=a.page_size), \
@@ -90,7 +101,8 @@ def replay(a) -> int:
     first_ok: dict = {}
     last = {}
     for flag, val in points:
-        cmd = [sys.executable, "-m", "targets.sglang", "--replay-one", *a.replay, "--page-size", str(a.page_size)] + \
+        cmd = [sys.executable, "-m", "targets.sglang", "--replay-one", *a.replay, "--page-size", str(a.page_size),
+               "--cache", a.cache] + \
             ([flag, val] if flag else [])
         r = subprocess.run(cmd, capture_output=True, text=True)
         line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -119,9 +131,11 @@ def main(argv=None) -> int:
     ap.add_argument("--report", default="reports/sglang")
     ap.add_argument("--src", default=os.environ.get("SGLANG_SRC", ""))
     ap.add_argument("--release", default="")
+    ap.add_argument("--cache", choices=("full", "swa"), default="full",
+                    help="full: RadixCache; swa: SWARadixCache (releases 0.4.10-0.5.20) with a window of 4")
     ap.add_argument("--page-size", type=int, default=1, help="the radix cache's page size (default 1)")
-    ap.add_argument("--fixture", default="", help="none | " + " | ".join(__import__("targets.sglang.fixture",
-                                                                                      fromlist=["x"]).FAULTS))
+    ap.add_argument("--fixture", default="", help="none | a fault of targets/sglang/fixture.py (fixture_swa.py "
+                    "with --cache swa)")
     ap.add_argument("--replay", nargs="+", metavar="PROGRAM")
     ap.add_argument("--replay-one", nargs="+", metavar="PROGRAM", help=argparse.SUPPRESS)
     ap.add_argument("--srcs", default="", help="comma-separated checkouts, oldest first (--replay)")

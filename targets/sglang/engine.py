@@ -67,6 +67,17 @@ def load(src=None):
     return _loaded[key]
 
 
+def load_module(name: str, src=None):
+    """sglang.srt.mem_cache.<name> of the same sglang `load(src)` uses (loading it first)."""
+    load(src)
+    from targets.sglang import stubs
+    stubs.install()
+    try:
+        return importlib.import_module(f"sglang.srt.mem_cache.{name}")
+    finally:
+        stubs.settle()
+
+
 def version(api) -> str:
     import sglang
     v = getattr(sglang, "__version__", None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 class TagAllocator:
     def __init__(self, size: int = 1 << 14, device: str = "cpu", tensor=list):
-        self.size = size
+        self.capacity = size
         self.device = device
         self.tensor = tensor                                # list -> the engine's index vector
         self.page_size = 1

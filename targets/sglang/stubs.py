@@ -23,6 +23,8 @@ import sys
 import types
 
 STUBBED = ("triton", "tvm_ffi", "torchvision", "sentencepiece", "compressed_tensors", "gguf", "partial_json_parser", "vllm", "sgl_kernel")
+# attributes that raise (as on a machine without a GPU driver): code probing them falls back to the CPU
+MISSING = ("triton.runtime.driver.active",)
 
 _touched: set = set()
 
@@ -35,7 +37,7 @@ class _Any(types.ModuleType):
         self.__path__ = []                     # a package: submodules import too
 
     def __getattr__(self, item):
-        if item.startswith("__") and item.endswith("__"):
+        if item.startswith("__") and item.endswith("__") or f"{self.__name__}.{item}" in MISSING:
             raise AttributeError(item)
         v = _Any(f"{self.__name__}.{item}")
         setattr(self, item, v)

@@ -91,6 +91,10 @@ class SglangTarget:
     def slots_of(self, node) -> list:
         return [int(s) for n in self.path_of(node) for s in n.value.tolist()]
 
+    def counted(self) -> int:
+        """The tokens SGLang's own counters say the tree holds."""
+        return int(self.cache.evictable_size_) + int(self.cache.protected_size_)
+
     def cached(self) -> int:
         return sum(len(n.value) for _, _, n in self.nodes() if n is not self.cache.root_node)
 

@@ -32,6 +32,11 @@ def clock(n) -> int:
 
 
 def view_of(t) -> View:
+    return View.from_dict(view_dict(t))
+
+
+def view_dict(t) -> dict:
+    """The view as spec.view's dict (targets.sglang.swa adds its windowed layer to it)."""
     a = t.alloc
     entries = t.nodes()
     root = t.cache.root_node
@@ -69,8 +74,8 @@ def view_of(t) -> View:
         live = [[a.content(s, i) for i, s in enumerate(r["slots"])]]
         req = {"keys": list(r["keys"]), "spans": [], "matched": r["matched"], "resume": r["resume"],
                "schedule": [], "chunks": [list(c) for c in r["chunks"]], "prefilled": r["prefilled"]}
-    counter = UNIT * (int(t.cache.evictable_size_) + int(t.cache.protected_size_))
-    return View.from_dict({"layers": [{"kind": "kv", "cost": 1, "window": 0}], "nodes": nodes, "path": path,
-                           "offset": offset, "seq": seq, "live": live, "counter": counter,
-                           "budget": t.shown_budget, "clock": t.clock, "request": req,
-                           "released": released, "created": created})
+    counter = UNIT * t.counted()
+    return {"layers": [{"kind": "kv", "cost": 1, "window": 0}], "nodes": nodes, "path": path,
+            "offset": offset, "seq": seq, "live": live, "counter": counter,
+            "budget": t.shown_budget, "clock": t.clock, "request": req,
+            "released": released, "created": created}

@@ -52,7 +52,8 @@ def test_clean_fake_breaks_no_rule():
 
 def test_campaign_on_the_fixture_finds_and_shrinks(tmp_path):
     from targets.sglang import machine, report
-    c = machine.campaign(SglangTarget(FakeApi("double-free")), 0.05)
+    # one Hypothesis run of up to 400 examples whatever the machine's load (not a time budget)
+    c = machine.campaign(SglangTarget(FakeApi("double-free")), 0.001, max_examples=400)
     assert "A2" in c.findings and c.findings["A2"].length <= 12
     out = report.write(tmp_path, c, "fixture (double-free)", "--fixture double-free")
     assert "RadixCache.evict" in out.read_text() and (tmp_path / "programs" / "A2.json").exists()
