@@ -22,7 +22,6 @@ import mlx.core as mx
 
 _pending: list | None = None     # arrays the open block evaluates at its end
 _after: list = []                # what the open block calls once it has evaluated them
-_before: list = []               # what the open block calls first (queued copies it builds: kv_snapshot.py)
 
 
 def evaluate(*arrays) -> None:
@@ -39,16 +38,6 @@ def after_block(fn) -> None:
         _after.append(fn)
     else:
         fn()
-
-
-def before_end(fn) -> None:
-    """Call fn (once, however often it is asked) when the open block ends, before it evaluates: fn
-    builds the copies queued in the block, all layers' at once, and hands them to ``evaluate`` (at once
-    outside a block)."""
-    if _pending is None:
-        fn()
-    elif fn not in _before:
-        _before.append(fn)
 
 
 class deferred_eval:
@@ -69,12 +58,7 @@ class deferred_eval:
     def __exit__(self, *exc) -> bool:
         global _pending
         if not self.outer:
-            try:
-                while _before:
-                    _before.pop(0)()
-            finally:
-                _before[:] = []
-                arrays, _pending = _pending, None
+            arrays, _pending = _pending, None
             if arrays:
                 mx.eval(*arrays)
             if _after:

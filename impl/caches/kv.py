@@ -35,8 +35,8 @@ from mlx_lm.models.cache import create_attention_mask
 
 from .base import CacheError, LayerCache
 from .captures import CaptureSchedule
-from .evaluation import after_block, before_end, evaluate
-from .kv_snapshot import KVSnapshot, _copy_rows, _geometry, copy_queued, merge_kv, split_kv
+from .evaluation import after_block, evaluate
+from .kv_snapshot import KVSnapshot, _copy_rows, _geometry, merge_kv, split_kv
 from .masks import span_mask, spans_touching
 
 
@@ -175,12 +175,11 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
 
     @staticmethod
     def _materialise_views(views) -> None:
-        """Copy several views out with one evaluation (before any write to the buffer they read); inside
-        a deferred_eval block, with every other layer's, in one operation per range (copy_queued)."""
+        """Copy several views out with one evaluation (before any write to the buffer they read)."""
         for s in views:
             s._materialise(now=False)
         if views:
-            before_end(copy_queued)
+            evaluate(*[a for s in views for a in (s.keys, s.values)])
 
     def _readable(self, start: int, end: int) -> tuple[mx.array, mx.array]:
         """The buffer a view of rows [start, end) copies from: as it was before the open page-in's

