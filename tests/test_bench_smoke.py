@@ -173,9 +173,14 @@ def test_scale_smoke(tmp_path):
 
 def test_limit_replays_exactly_the_forwards_ours_reported():
     """bench/limit.py: the prefill plan must run contiguously from the resume offset to the decode seed;
-    anything else is refused before a forward runs. Ratio statistics: median, p90, max."""
+    anything else is refused before a forward runs. Ratio statistics: median, p90, max. The runner list
+    puts ours before the limit, adding it when not named."""
     from bench.limit import check_plan, ratio_stats
+    from bench.scale import runner_order
 
+    assert runner_order(None) == ["ours", "limit", "server", "none"]
+    assert runner_order(["server", "limit"]) == ["ours", "limit", "server"]      # ours first: limit replays it
+    assert runner_order(["none", "ours", "limit"]) == ["none", "ours", "limit"]
     assert check_plan(10, 3, [[3, 7], [7, 9]]) == [(3, 7), (7, 9)]
     assert check_plan(10, 9, []) == []
     for resumed, chunks in ((3, [[4, 9]]), (3, [[3, 7]]), (3, [[3, 7], [6, 9]]), (0, [[0, 10]]), (10, []),
