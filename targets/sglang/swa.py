@@ -264,13 +264,18 @@ class SwaTarget(SglangTarget):
         return min(max([0] + [common_prefix(k, keys) for k in tree]), len(keys) - 1)
 
     def set_budget(self, budget: int) -> None:
-        """Takes effect at once, also while a request is open (its locked nodes are not evictable, but
-        their SWA beyond the request's window is: SGLang tombstones it under pool pressure)."""
+        """At rest: both pools are brought to the budget. While a request is open, the SWA pool at once
+        (SGLang tombstones SWA outside the request's window under pool pressure, its locked path
+        included), the full pool at its close (locked KV cannot be freed)."""
         self.budget = budget
-        self._enforce()
+        if self.req is None:
+            self._enforce()
+            return
+        swa_over = self.swa_cached() - budget // 4 // 2
+        if swa_over > 0:
+            self.api.evict(self.cache, 0, swa_over)
 
     def _forward(self, keys) -> None:
-        self._enforce()                   # SGLang evicts from the tree before it allocates for a forward
         super()._forward(keys)
         r = self.req
         self.r2t.req_to_token[0, :len(r["slots"])] = self.api.tensor(r["slots"])

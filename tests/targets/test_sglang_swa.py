@@ -5,7 +5,10 @@ targets/sglang/install.sh), else skipped with the reason."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -67,3 +70,13 @@ def test_real_swa_radix_cache_clean_programs():
     t = SwaTarget(load_swa(SRC))
     assert replay(t, CLEAN) == []
     assert replay(t, TOMBSTONE) == []
+
+
+def test_swa_replay_names_where_a_program_stops(tmp_path):
+    p = tmp_path / "C1.json"
+    p.write_text(json.dumps(dict(rule="C1", ops=TOMBSTONE)))
+    run = lambda fx: subprocess.run([sys.executable, "-m", "targets.sglang", "--cache", "swa", "--replay", str(p),
+                                     "--fixture", fx], capture_output=True, text=True)
+    bad, good = run("tombstone-match"), run("none")
+    assert bad.returncode == 1 and "still reproduces" in bad.stdout
+    assert good.returncode == 0 and "stops reproducing at SWA fixture (none)" in good.stdout
