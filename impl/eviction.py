@@ -22,36 +22,37 @@ from impl import invariants
 from impl.trie import Node
 
 
-def _branch_point(n: Node) -> bool:
-    """Two children or more: protected (E2) until it loses one, and the trie marks it changed then."""
-    return len(n.children) > 1
-
-
 class EvictionOrder:
     """The E3 order of the trie's nodes as a heap with lazy invalidation.
 
     Invariants, at every `first` call (after `_update`):
-    - `current` maps every node of the trie that may be evictable to its one current entry
-      (key, sequence number, node), key = evict_order(node) as of the last change to the node. The
-      nodes left out are the root and the nodes detached from the trie (no parent), and branch points
-      the rule protects (they come back when they lose a child: the trie marks them then).
+    - `current` maps every evictable node (E2) to its one current entry (key, sequence number, node),
+      key = evict_order(node) as of the last change to the node. A node the rule protects (the root, the
+      frontier, a branch point) or one detached from the trie (no parent) has no current entry, or one
+      that `first` drops when it reaches the top: it comes back when it is marked changed (a branch
+      point when it loses a child; the frontier when the frontier moves, which `_update` marks).
     - `heap` holds every current entry, plus stale ones (an entry whose node has a newer entry or none),
       which are dropped when they reach the top; when stale entries outnumber current ones the heap is
       rebuilt, so it stays within twice the current entries (each stale entry costs O(1) amortised).
     - The trie adds to `changed` every node whose key, children or attachment changed since (Node's
-      last_used setter, Trie's primitives); `_update` re-reads exactly those.
+      last_used setter, Trie's primitives); `_update` re-reads exactly those, and the frontier it saw
+      last (a move of the frontier changes neither node).
     """
 
-    def __init__(self, changed: set):
+    def __init__(self, changed: set, frontier: Node):
         self.changed = changed
+        self.frontier = frontier             # the frontier at the last _update
         self.current: dict = {}
         self.heap: list = []
         self._seq = itertools.count()
 
     def _update(self, pc) -> None:
+        if pc.frontier is not self.frontier:
+            self.changed.add(self.frontier)
+            self.frontier = pc.frontier
         for n in self.changed:
             self.current.pop(n, None)
-            if n.parent is not None and (pc.evictable(n) or not _branch_point(n)):
+            if n.parent is not None and pc.evictable(n):
                 e = (pc.evict_order(n), next(self._seq), n)
                 self.current[n] = e
                 heapq.heappush(self.heap, e)
@@ -61,11 +62,9 @@ class EvictionOrder:
             heapq.heapify(self.heap)
 
     def first(self, pc) -> Node | None:
-        """E3's first evictable node: the least key among evictable nodes, ties broken by key path.
-        A protected branch point is dropped until it loses a child; any other node the rule protects
-        (the frontier: it may move without changing) is set aside and put back."""
+        """E3's first evictable node: the least key among evictable nodes, ties broken by key path."""
         self._update(pc)
-        best, tied, aside = None, [], []
+        best, tied = None, []
         while self.heap and (best is None or self.heap[0][0] == best):
             e = heapq.heappop(self.heap)
             n = e[2]
@@ -74,11 +73,9 @@ class EvictionOrder:
             if pc.evictable(n):
                 best = e[0]
                 tied.append(e)
-            elif _branch_point(n):
-                del self.current[n]
             else:
-                aside.append(e)
-        for e in aside + tied:                               # all still current: the victim's entry goes
+                del self.current[n]                          # protected now: back when marked changed
+        for e in tied:                                       # still current: the victim's entry goes
             heapq.heappush(self.heap, e)                     # when the eviction marks it changed
         if len(tied) < 2:
             return tied[0][2] if tied else None

@@ -43,11 +43,11 @@ class PrefixCache(Eviction):
         self._stateful = tuple(i for i, c in enumerate(self.caches) if c is not None)
         self._kv = tuple((i, c) for i, c in enumerate(self.caches) if c is not None and c.kind == "kv")
         self.trie = Trie(self.caches)
-        self.order = EvictionOrder(self.trie.changed)        # E3, kept as the trie changes (impl/eviction.py)
         self.budget, self.interval, self.near_end = budget, interval, near_end
         self.check = check
         self.seq: list = []
         self.path: list = [self.trie.root]
+        self.order = EvictionOrder(self.trie.changed, self.trie.root)   # E3, kept as the trie changes (eviction.py)
         self.settled = Settled(self.trie.root)                # how far the path scans skip (impl/settled.py)
         self.clock = 0
         self.request: Request | None = None
