@@ -9,7 +9,7 @@ growth reads every node changed since the last one, once: the table's "first req
 process CPU time of a request less that of its forwards (begin, next_chunk, evaluated, attach and
 close, page-in and page-out included), and, beside it, `PrefixCache.bookkeeping_s` (wall time, which
 on a shared machine also counts the time the process waited for a core). The mean is the figure: the
-median request evicts nothing it would have to walk for, so the median hides a walk's cost. Python's
+median request evicts nothing (evictions come in bursts), so the median hides a walk's cost. Python's
 automatic garbage collection is off while requests are measured, and one full collection is timed
 after them at each size (its pause grows with the heap, whatever the trie's algorithms).
 
