@@ -71,7 +71,7 @@ def check(a) -> int:
     target, what = make_target(a)
     print(f"check-sglang: {what}; {a.minutes} min", flush=True)
     c = machine.campaign(target, a.minutes, log=lambda s: print(s, flush=True))
-    out = report.write(Path(a.report), c, what, " ".join(sys.argv[1:]), target.page_size)
+    out = report.write(Path(a.report), c, what, " ".join(sys.argv[1:]), target.page_size, swa=a.cache == "swa")
     print(f"{len(c.findings)} rule violations, {sum(n for n, _ in c.policy.values())} policy differences "
           f"({len(c.policy)} kinds); {c.steps / max(c.seconds, 1e-9):.0f} steps/s; report: {out}")
     return 1 if c.findings else 0

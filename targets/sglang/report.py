@@ -13,14 +13,21 @@ from pathlib import Path
 
 from targets.report import meaning, program_text
 from targets.sglang.export import export
-from targets.sglang.rules import CAUSES, NOT_APPLICABLE, RULES
+from targets.sglang import rules as full_rules
 
 
-def write(d, c, what: str, command: str, page_size: int = 1) -> Path:
+def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False) -> Path:
+    """`swa`: the rules and causes of targets.sglang.rules_swa; no pytest export (the exported test
+    drives RadixCache only): the program replays with `--cache swa --replay`."""
+    if swa:
+        from targets.sglang import rules_swa as rules
+    else:
+        rules = full_rules
+    RULES, NOT_APPLICABLE, CAUSES = rules.RULES, rules.NOT_APPLICABLE, rules.CAUSES
     d = Path(d)
     (d / "programs").mkdir(parents=True, exist_ok=True)
     rate = c.steps / c.seconds if c.seconds else 0.0
-    md = [f"# Rule check of SGLang's RadixCache: {what}", "",
+    md = [f"# Rule check of SGLang's {'SWARadixCache' if swa else 'RadixCache'}: {what}", "",
           f"`./dev check-sglang {command}`: {c.minutes:g} minutes, {c.runs} Hypothesis runs, {c.steps} operations "
           f"judged in {c.seconds:.0f} s = **{rate:.0f} operations/s** (reductions included).", "",
           f"Rules judged: {', '.join(sorted(RULES))}. Not applicable:", ""]
@@ -40,6 +47,8 @@ def write(d, c, what: str, command: str, page_size: int = 1) -> Path:
                f"Found after {f.seconds:.1f} s; shrunk to {f.length} operations (`programs/{rule}.json`; "
                f"`./dev check-sglang --replay programs/{rule}.json --releases A,B,...` names the first release "
                "where it stops):", "", "```", program_text(f.ops), "```", ""]
+        if swa:
+            continue
         (d / "programs" / f"test_{rule.lower()}_sglang.py").write_text(export(rule, what, f.message, f.ops, page_size))
         md += [f"As a pytest test against SGLang's public API (`programs/test_{rule.lower()}_sglang.py`; it checks "
                "S1, C1, C2, A1 and A2 on the tree after every operation; other rules: replay the program).", ""]

@@ -80,3 +80,11 @@ def test_swa_replay_names_where_a_program_stops(tmp_path):
     bad, good = run("tombstone-match"), run("none")
     assert bad.returncode == 1 and "still reproduces" in bad.stdout
     assert good.returncode == 0 and "stops reproducing at SWA fixture (none)" in good.stdout
+
+
+def test_swa_campaign_on_the_fixture_finds_shrinks_and_reports(tmp_path):
+    from targets.sglang import machine, report
+    c = machine.campaign(SwaTarget(FakeSwaApi("swa-counter")), 0.001, max_examples=400)
+    assert "A1" in c.findings and c.findings["A1"].length <= 12
+    out = report.write(tmp_path, c, "SWA fixture (swa-counter)", "--cache swa --fixture swa-counter", swa=True)
+    assert "SWARadixCache inc_lock_ref" in out.read_text() and (tmp_path / "programs" / "A1.json").exists()
