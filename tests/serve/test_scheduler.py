@@ -320,21 +320,28 @@ sys.stdin.read()
 def test_f1_with_a_helper_process_that_really_holds_memory(sched):
     """The system figure is psutil's available memory (shifted so that the test sets the
     headroom): a helper process that really holds 2 GiB makes a second 2 GiB model miss, so
-    the idle first model is evicted instead of overcommitting; without the helper it fits."""
-    base = psutil.virtual_memory().available
+    the idle first model is evicted instead of overcommitting; without the helper it fits.
+    The baseline is taken again just before each phase: other processes on the machine (xdist
+    workers loading models) move the available memory by GiBs over the test, not within a phase."""
     headroom = 3 * GiB
+    base = [0]
+
+    def rebase():
+        base[0] = psutil.virtual_memory().available
 
     def system_free():
-        return psutil.virtual_memory().available - (base - headroom)
+        return psutil.virtual_memory().available - (base[0] - headroom)
 
     fig = Figures(device=64 * GiB)
     s = make(fig, {"a": 256 * MiB, "b": 2 * GiB})
     s.system_free = system_free
     try:
+        rebase()
         s.generate("a", [1], 1)
         s.generate("b", [1], 1)                 # ~3 GiB headroom: fits beside a
         assert names(s) == ["a", "b"]
         s.unload("b")
+        rebase()
         helper = subprocess.Popen([sys.executable, "-c", HELPER, str(2 * GiB)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         try:
