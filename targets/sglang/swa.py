@@ -254,6 +254,8 @@ class SwaTarget(SglangTarget):
         f, r = self.fake, self.req
         f.swa_evicted_seqlen = max(f.swa_evicted_seqlen, r["protected"])
         new = max(f.swa_evicted_seqlen, pre_len - self.window)
+        ps = int(getattr(self.cache, "page_size", 1))
+        new = new // ps * ps                                      # the scheduler frees whole pages only
         if new > f.swa_evicted_seqlen:
             self.alloc.free_swa(self.api.tensor(r["slots"][f.swa_evicted_seqlen:new]))
             f.swa_evicted_seqlen = new
