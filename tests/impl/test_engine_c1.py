@@ -10,8 +10,9 @@ conversations open with the same system segment, so prefixes repeat across and i
 image runs) ride in some turns.
 
 Every request, with rule assertions on (Engine(check_rules=True)), must equal a cold run (C1, see
-test_engine_support for the oracles and the tolerance): first decode logits within TOL[model], greedy
-tokens identical; a regeneration must reproduce the previous answer; stats must add up.
+test_engine_support.judged): bit for bit a same-schedule replay on mlx-lm's stock caches where replays
+are exact (fuzz/replay.py), else within the calibrated tolerance; greedy tokens identical; a
+regeneration must reproduce the previous answer; stats must add up.
 """
 from __future__ import annotations
 
