@@ -13,7 +13,7 @@ import pytest
 from stateful_tests.mutation import EXPLAINED, Change, change_of, explained, function_of, verdict
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = [ROOT / "impl" / "trie.py", ROOT / "impl" / "prefix_cache.py", ROOT / "impl" / "settled.py"]
+SOURCES = [ROOT / "impl" / f for f in ("trie.py", "prefix_cache.py", "plan.py", "eviction.py", "settled.py")]
 
 DIFF = """--- impl/prefix_cache.py
 +++ impl/prefix_cache.py
