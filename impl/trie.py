@@ -33,13 +33,13 @@ class Node:
                  "changed")
 
     def __init__(self, edge: tuple, start: int, n_layers: int, parent: "Node | None" = None, last_used: int = 0,
-                 changed: set | None = None):
+                 *, changed: set):
         self.edge = edge
         self.start = start
         self.parent = parent
         self.children: dict = {}          # first key -> child (T2)
         self.snaps: list = [None] * n_layers
-        self.changed = set() if changed is None else changed     # the trie's Trie.changed
+        self.changed = changed            # the trie's Trie.changed (every node of a trie shares it)
         self.last_used = last_used        # logical clock (eviction order)
         self.used_at = time.monotonic()   # wall time, for dumps only
         self.user = False
@@ -154,7 +154,7 @@ class Trie:
         if not node.start < at < node.end:
             raise ValueError(f"split at {at} outside ({node.start}, {node.end})")
         k = at - node.start
-        head = Node(node.edge[:k], node.start, len(self.caches), node.parent, node.last_used, self.changed)
+        head = Node(node.edge[:k], node.start, len(self.caches), node.parent, node.last_used, changed=self.changed)
         head.used_at = node.used_at
         head.children[node.edge[k]] = node
         node.parent.children[node.edge[0]] = head
@@ -203,7 +203,7 @@ class Trie:
         node.parent = None
 
     def append_child(self, node: Node, edge: tuple) -> Node:
-        child = Node(tuple(edge), node.end, len(self.caches), node, node.last_used, self.changed)
+        child = Node(tuple(edge), node.end, len(self.caches), node, node.last_used, changed=self.changed)
         node.children[child.edge[0]] = child
         self.changed.add(node)
         return child
