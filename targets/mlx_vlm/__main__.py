@@ -3,7 +3,7 @@
 Runs in mlx-vlm's own venv (MLXVLM_PYTHON; targets/mlx_vlm/install.sh).
 check: random request programs (targets/program.py) against mlx-vlm's automatic prefix cache for N
 minutes (default 10), on qwen2_vl (block mode) and qwen3_5 (checkpoint mode), with random and
-blank-page images; writes DIR/report.md (default
+blank-page images, and random and blank clips (videos); writes DIR/report.md (default
 reports/mlx-vlm) and DIR/programs/RULE.json (each violation's shrunk program), and replays the saved
 findings (targets/mlx_vlm/findings/*.json).
 replay: re-judges saved findings or programs; prints whether each reproduces.
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
             ap.error("replay needs finding or program files")
         return 1 if any(ok for _, ok, _ in replay(a.files)) else 0
     result = search.hunt(a.minutes, a.seed)
-    result["configs"] = [f"{c['arch']}/{c['image_kind']}" for c in search.CONFIGS]
+    result["configs"] = [f"{c['arch']}/{c['image_kind']}/{c.get('media', 'image')}" for c in search.CONFIGS]
     replays = replay(sorted(report.FINDINGS.glob("*.json")))
     out = report.write(a.report, result, version, replays)
     print(f"{result['stats']['programs']} programs, {len(result['found'])} rule(s) violated: "

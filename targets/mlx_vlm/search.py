@@ -50,7 +50,8 @@ def shrink(ops: list, config: dict, rule: str) -> list:
     return [op for u in units for op in u]
 
 
-CONFIGS = tuple({"arch": a, "image_kind": k} for a in ("qwen2_vl", "qwen3_5") for k in ("random", "solid"))
+CONFIGS = tuple({"arch": a, "image_kind": k, "media": m} for m in ("image", "video")
+                for a in ("qwen2_vl", "qwen3_5") for k in ("random", "solid"))
 
 
 def hunt(minutes: float, seed: int = 0, configs=CONFIGS, log=print) -> dict:
