@@ -1,4 +1,5 @@
-"""`./dev check-mlx-vlm [--minutes N] [--seed S] [--report DIR]` | `./dev check-mlx-vlm replay F.json ...`
+"""`./dev check-mlx-vlm [--minutes N] [--seed S] [--report DIR]` | `./dev check-mlx-vlm replay F.json ...` |
+`./dev check-mlx-vlm onefix [--dir DIR]`
 
 Runs in mlx-vlm's own venv (MLXVLM_PYTHON; targets/mlx_vlm/install.sh).
 check: random request programs (targets/program.py) against mlx-vlm's automatic prefix cache for N
@@ -7,6 +8,9 @@ blank-page images, and random and blank clips (videos); writes DIR/report.md (de
 reports/mlx-vlm) and DIR/programs/RULE.json (each violation's shrunk program), and replays the saved
 findings (targets/mlx_vlm/findings/*.json).
 replay: re-judges saved findings or programs; prints whether each reproduces.
+onefix: every finding's standalone test against the installed mlx-vlm and one copy per fix, each
+with only that bug fixed (targets/mlx_vlm/onefix.py; DIR default /tmp/mlx-vlm-onefix); prints the
+table; exit 1 where it is not the identity.
 Exit status: 0 no violation; 1 violations (check) or a finding still reproducing (replay); 2 mlx-vlm
 missing or bad arguments.
 """
@@ -33,7 +37,8 @@ def replay(paths) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="check-mlx-vlm")
-    ap.add_argument("cmd", nargs="?", default="check", choices=("check", "replay"))
+    ap.add_argument("cmd", nargs="?", default="check", choices=("check", "replay", "onefix"))
+    ap.add_argument("--dir", default="/tmp/mlx-vlm-onefix")
     ap.add_argument("files", nargs="*")
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -47,6 +52,9 @@ def main(argv=None) -> int:
         return 2
     from targets.mlx_vlm import report, search
     version = getattr(mlx_vlm, "__version__", "?")
+    if a.cmd == "onefix":
+        from targets.mlx_vlm import onefix
+        return onefix.main(a.dir)
     if a.cmd == "replay":
         if not a.files:
             ap.error("replay needs finding or program files")
