@@ -3,7 +3,8 @@
 
 Runs in mlx-vlm's own venv (MLXVLM_PYTHON; targets/mlx_vlm/install.sh).
 check: random request programs (targets/program.py) against mlx-vlm's automatic prefix cache for N
-minutes (default 10), on qwen2_vl (block mode) and qwen3_5 (checkpoint mode), with random and
+minutes (default 10), on qwen2_vl (block mode), qwen3_5 (checkpoint mode) and gemma3 (windowed,
+checkpoint mode, text-only programs), with random and
 blank-page images, and random and blank clips (videos); writes DIR/report.md (default
 reports/mlx-vlm) and DIR/programs/RULE.json (each violation's shrunk program), and replays the saved
 findings (targets/mlx_vlm/findings/*.json).

@@ -24,6 +24,10 @@ Invariants:
   [vs, video, vs, video]. Random kind: the fold picks the shape, pixels seeded by it; solid kind:
   the index-th video fold of a length takes shape index % len(shapes) in grey 100 + index // len(shapes)
   (so the first folds of a length are one grey in different shapes: equal pixel_values_videos).
+- `gemma3` (a sliding-window layer, RotatingKVCache of WINDOW tokens, and a global KV layer: a windowed
+  layout, which APC stores as checkpoints) is driven with text-only programs (`media="none"`): its
+  image processor gives every image a fixed `mm_tokens_per_image`, which the programs' item lengths
+  (2-4 positions) do not fit.
 - Both language models attend causally over image tokens (no bidirectional image mask);
   the vision tower sees a whole image in one forward inside `get_input_embeddings`.
 """
@@ -41,6 +45,7 @@ SEED = 20261206
 VOCAB = 512
 TOKEN_BASE = 16                      # token key k -> id k + TOKEN_BASE (ids below 16 unused)
 VISION_START, IMAGE, VIDEO = 499, 500, 501
+WINDOW = 4                           # gemma3's sliding window here (tokens)
 EOS = 511
 CONFIG = dict(model_type="qwen2_vl", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
               num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=VOCAB,
@@ -65,7 +70,16 @@ QWEN35 = dict(model_type="qwen3_5", image_token_id=IMAGE, video_token_id=VIDEO, 
                                  out_hidden_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
                                  temporal_patch_size=2, num_position_embeddings=64, fullatt_block_indexes=[0],
                                  in_channels=3))
-ARCHS = {"qwen2_vl": CONFIG, "qwen3_5": QWEN35}     # layers: KV, KV | gated delta (ArraysCache), KV
+GEMMA3 = dict(model_type="gemma3", vocab_size=VOCAB, image_token_index=IMAGE, pad_token_id=0, hidden_size=64,
+              eos_token_id=[EOS],
+              text_config=dict(model_type="gemma3_text", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=VOCAB,
+                               query_pre_attn_scalar=16, sliding_window=WINDOW, sliding_window_pattern=2,
+                               mm_tokens_per_image=1, rms_norm_eps=1e-6, max_position_embeddings=4096),
+              vision_config=dict(model_type="siglip_vision_model", num_hidden_layers=1, hidden_size=32,
+                                 intermediate_size=64, num_attention_heads=2, patch_size=14, image_size=28))
+ARCHS = {"qwen2_vl": CONFIG, "qwen3_5": QWEN35, "gemma3": GEMMA3}
+# layers: KV, KV | gated delta (ArraysCache), KV | sliding window (RotatingKVCache, WINDOW), KV
 
 
 def patch(arch: str) -> int:
@@ -134,7 +148,7 @@ class Processor:
         self.unit, self.arch = unit(arch), arch
 
 
-MEDIA = ("image", "video")
+MEDIA = ("image", "video", "none")            # none: text-only programs (a media item is an error)
 VIDEO_SHAPES = {"qwen2_vl": ("wide", "long", "tall"), "qwen3_5": ("wide", "tall", "groups")}
 
 
@@ -226,6 +240,8 @@ def request(keys, processor: Processor, images: dict | None = None, kind: str = 
             raise ValueError(f"token key {k} is outside [1, {VISION_START - TOKEN_BASE})")
         ids.append(k + TOKEN_BASE if not k & FOLD_BIT else None)
     pics, want = [], []
+    if media == "none" and items_of(keys):
+        raise ValueError(f"media items in a text-only run (media='none', {processor.arch})")
     for pos, end, fold in items_of(keys):
         if end - pos < 2:
             raise ValueError(f"media item [{pos}, {end}) has {end - pos} position(s): qwen2_vl needs 2 or more "

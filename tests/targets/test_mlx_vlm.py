@@ -73,6 +73,22 @@ def test_fake_planted_faults_are_caught(fault, rule):
     assert rule in {v.rule for v in check(view_of(d, req), RULES)}
 
 
+class RotatingKVCache:                  # the name view.layers_of reads, and max_size
+    max_size = 2
+
+
+def test_fake_windowed_layer_holds_only_its_window():
+    """A windowed layer (RotatingKVCache, window 2) is judged on the last 2 live keys only: a restore
+    whose older keys came from another request breaks C1 on the KV layer, not on the windowed one."""
+    a = FakeDriver([[1, 2, 3, 4]])
+    a.model = SimpleNamespace(layers=[0, 1], make_cache=lambda: [RotatingKVCache(), None])
+    assert [layer.kind for layer in view_of(a).layers] == ["windowed", "kv"]
+    found = check(view_of(a, request([9, 9, 3, 4, 5], 4, (1, 2, 3, 4))), RULES)
+    assert {(v.rule, v.where) for v in found} == {("C1", "layer 1")}
+    found = check(view_of(a, request([1, 2, 9, 4, 5], 4, (1, 2, 3, 4))), RULES)
+    assert {(v.rule, v.where) for v in found} == {("C1", "layer 0"), ("C1", "layer 1")}
+
+
 # ------------------------------------------------------------------ mlx-vlm itself
 def req_ops(keys, cancel=False):
     if cancel:
@@ -96,6 +112,29 @@ def test_mlx_vlm_media_program_breaks_no_rule():
         for media in ("image", "video"):
             v = run(ops, {"arch": arch, "image_kind": "random", "media": media})
             assert v.error is None and v.violations == [] and v.steps == len(ops), (arch, media)
+
+
+@needs_mlx_vlm
+def test_gemma3_windowed_checkpoints_break_no_rule():
+    """gemma3 (a RotatingKVCache layer of window 4 and a KV layer: APC's checkpoint mode), text-only:
+    follow-ups resume from checkpoints past the window (the ring has wrapped), an edit does not;
+    judged by the rules, nothing flagged."""
+    from targets.mlx_vlm.search import run
+    from targets.mlx_vlm.target import MlxVlmTarget
+    prompts = ([1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1], [1, 2, 3, 4, 1, 2, 3, 3, 3],
+               [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 2])
+    config = {"arch": "gemma3", "image_kind": "random", "media": "none"}
+    v = run([op for keys in prompts for op in req_ops(list(keys))], config)
+    assert v.error is None and v.violations == [] and v.steps == 4 * len(prompts)
+    t = MlxVlmTarget(**config)
+    resumes = []
+    for keys in prompts:
+        resumes.append(t.begin(keys)[1])
+        t.prefill(None)
+        t.close()
+    t.shutdown()
+    assert [layer.kind for layer in t.view().layers] == ["windowed", "kv"]
+    assert resumes == [0, 9, 0, 12]
 
 
 @needs_mlx_vlm
