@@ -87,7 +87,7 @@ class TargetMachine(RuleBasedStateMachine):
         self.hunt.steps += 1
         layout_rules = frozenset(getattr(self.target, "RULES", self.hunt.rules)) | {"PANIC"}   # may vary by layout
         rules = self.hunt.rules & layout_rules
-        vs = check_view(view, rules=rules)
+        vs = check_view(view, rules=rules, partial=getattr(self.target, "PARTIAL", None))
         if op is not None:
             wire = dict(op, keys=view.request.keys) if op["op"] == "begin" and view.request else op
             vs += check_op(self.before, as_op(wire, self.target.outcome), view, self.target.merges,
@@ -264,7 +264,8 @@ def replay(target, ops: list) -> list:
         send(target, op)
         view = target.view()
         wire = dict(op, keys=view.request.keys) if name == "begin" and view.request else op
-        vs = check_view(view) + check_op(before, as_op(wire, target.outcome), view, target.merges)
+        vs = check_view(view, partial=getattr(target, "PARTIAL", None)) + \
+            check_op(before, as_op(wire, target.outcome), view, target.merges)
         before = view
         found += [(v.rule, str(v)) for v in vs if v.rule in target.RULES]
     return found

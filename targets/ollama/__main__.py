@@ -128,8 +128,8 @@ def main(argv=None) -> int:
     extra = "" if not draft else (
         f"On the -draft layouts ({', '.join(draft)}) the views' keys are the token pairs Ollama's trie keys pack "
         "(a violation prints a pair key as m<its look-ahead token, last 16 bits in hex>), and every rule the "
-        "other layouts judge is judged there too, but " + "; ".join(
-            f"{r} ({why})" for r, why in HarnessTarget.DRAFT_NOT_APPLICABLE.items()) + ".")
+        "other layouts judge is judged there too; " + "; ".join(
+            f"{r} is {why}" for r, why in HarnessTarget.DRAFT_PARTIAL_WHY.items()) + ".")
     path = write(report, c, explain=None if ours else (lambda rule, layout: found.get(rule)),
                  exporter=None if ours else export, extra=extra)
     if found:   # the causes are read from this checkout's run (cause.py), not quoted from fb30760
