@@ -176,3 +176,22 @@ def test_draft_layout_stores_token_pairs_and_no_rejected_draft(tmp_path):
         assert t.outcome == (14, 14)
     finally:
         t.shutdown()
+
+
+def test_the_look_ahead_shift_moves_a_capture_at_an_items_end_inside_it(tmp_path):
+    """schedulePrefillSnapshots shifts each capture back by the draft look-ahead: the capture asked at 4, the end
+    of the item [0, 4), lands at 3, inside it (M2) on fb30760, which moves no capture out of an item; the same
+    prompt without a draft cache schedules 4 and breaks nothing. A copy with the seed's M2 fix (the move after
+    the shift, OLLAMA_SRC_FIXED=1) schedules 4 on both."""
+    fold = (1 << 31) | 12345
+    program = lambda layout: [dict(op="reset", budget=1 << 40, interval=8, near_end=4, chunk=8, layout=layout),
+                              dict(op="begin", keys=[fold] * 4 + [1, 2, 3, 4], spans=[[0, 4]])]
+    t = HarnessTarget(build(SRC, tmp_path))
+    try:
+        assert replay(t, program("transformer")) == []
+        draft = [rule for rule, _ in replay(t, program("transformer-draft"))]
+        fixed = os.environ.get("OLLAMA_SRC_FIXED") == "1"
+        assert draft == ([] if fixed else ["M2"]), draft
+        assert [c for c, _ in t.view().request.schedule] == ([4] if fixed else [3])
+    finally:
+        t.shutdown()

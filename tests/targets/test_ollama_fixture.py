@@ -289,14 +289,14 @@ def test_draft_layouts_show_token_pairs_and_a_planted_draft_fault_is_found(exe, 
     """A "-draft" layout (harness/draft_test.go; the fixture models it the same way) adds a draft KV cache
     whose slot S pairs token S with token S+1, and the views' keys are those pairs: the request's keys end
     with the pair of an unknown look-ahead, and the live keys pair the forwarded tokens with the current
-    one. M2 is not judged there (a branch the pair keys force lands inside an item). The clean fixture
+    one. M2 is judged there on its capture clause (a branch the pair keys force lands inside an item). The clean fixture
     breaks no rule; with FIXTURE_BUG=draftkeep, whose drafter keeps the draft head's own slot for a
     rejected draft, C1 catches the rejected token in the live draft cache, and the program replays."""
     none = 0xFFFFFFFF
     t = target_with(exe, monkeypatch, layout="hybrid-draft")
     try:
         t.reset()
-        assert "M2" not in t.RULES and "M2" in t.NOT_APPLICABLE and t.pairs
+        assert "M2" in t.RULES and set(t.PARTIAL) == {"M2"} and t.pairs
         t.begin([1, 2, 3], [])
         assert t.view().request.keys == (_pair(1, 2), _pair(2, 3), _pair(3, none))
         assert t.prefill(None)
@@ -308,7 +308,7 @@ def test_draft_layouts_show_token_pairs_and_a_planted_draft_fault_is_found(exe, 
         assert not hunt_once(t, Hunt(rules=t.RULES | {"PANIC"}), dict(layout="sliding-draft", interval=8,
                                                                       near_end=4, chunk=8), max_examples=8)
         t.reset(layout="hybrid")
-        assert "M2" in t.RULES and not t.pairs
+        assert "M2" in t.RULES and t.PARTIAL is None and not t.pairs
     finally:
         t.shutdown()
     reset = dict(op="reset", layout="hybrid-draft", budget=1 << 40, interval=8, near_end=4, chunk=8)
@@ -351,3 +351,29 @@ def test_draft_layouts_need_a_checkout_with_the_draft_look_ahead(tmp_path):
         (src / "x/mlxrunner" / rel).write_text("package mlxrunner\n")
     p = cli("--src", str(src), "--layouts", "hybrid,hybrid-draft", "--minutes", "0.1")
     assert p.returncode == 2 and "has no draft look-ahead" in one_line(p), p.stderr
+
+
+def test_m2_on_a_draft_layout_judges_scheduled_captures_not_the_branch_the_pair_keys_force():
+    """With pair keys, a prompt repeating a stored item [0, 3) but differing right after it splits the stored
+    node at 2, inside the item: KV halves, no capture. The -draft layouts judge M2 on the view without its
+    nodes (targets.ollama.target.without_nodes), so that split raises nothing there while the whole predicate
+    would, and a capture scheduled inside the item still breaks M2."""
+    from spec.view import View
+    from targets.ollama.target import without_nodes
+    from targets.viewcheck import check_view
+
+    f = (1 << 31) | 7
+    stored = [_pair(f, f), _pair(f, f), _pair(f, 5), _pair(5, 2)]
+    prompt = [_pair(f, f), _pair(f, f), _pair(f, 1), _pair(1, 0xFFFFFFFF)]
+
+    def view(schedule):
+        kv = lambda a, b: dict(layer=0, kind="kv", start=a, end=b, bytes=16 * (b - a), content=stored[a:b])
+        nodes = [dict(keys=[], start=0, snaps=[]), dict(keys=stored[:2], start=0, snaps=[kv(0, 2)]),
+                 dict(keys=stored, start=2, snaps=[kv(2, 4)])]
+        return View.from_dict(dict(layers=[dict(kind="kv", cost=16)], nodes=nodes, path=[[]], offset=0, seq=[],
+                                   live=[[]], counter=64, budget=1 << 40,
+                                   request=dict(keys=prompt, spans=[[0, 3]], matched=2, resume=0,
+                                                schedule=schedule, chunks=[], prefilled=False)))
+    assert [x.rule for x in check_view(view([[3, True]]), rules={"M2"})] == ["M2"]          # the node clause
+    assert check_view(view([[3, True]]), rules={"M2"}, partial={"M2": without_nodes}) == []
+    assert [x.rule for x in check_view(view([[2, True]]), rules={"M2"}, partial={"M2": without_nodes})] == ["M2"]
