@@ -66,8 +66,7 @@ class HarnessTarget:
 
     # On a "-draft" layout the trie keys pack (token i, token i+1): two streams sharing a non-causal item and
     # differing in the token right after it branch at the item's last slot, strictly inside it. M2 is judged there
-    # on its capture clause alone: its predicate on the view without the nodes (DRAFT_PARTIAL).
-    DRAFT_NOT_APPLICABLE: dict = {}
+    # on its capture clause alone: its predicate on the view without the nodes (PARTIAL, set per layout).
     DRAFT_PARTIAL_WHY = {
         "M2": "judged on its capture clause only (scheduled captures): with pair keys, streams that share a "
               "non-causal item and differ right after it branch at the item's last slot, a split the keys force "
@@ -81,19 +80,16 @@ class HarnessTarget:
                  near_end: int = 4, chunk: int = 8, name: str = "ollama"):
         self.exe, self.name = str(exe), name
         self.config = dict(layout=layout, budget=budget, interval=interval, near_end=near_end, chunk=chunk)
-        self._rules_for(layout)
+        self._partial_for(layout)
         self.proc = None
         self.sent: list = []          # operations since the last reset (what a crash report keeps)
         self.raw: dict | None = None
         self.merges: list = []
         self.steps = 0                # operations answered, for throughput figures
 
-    def _rules_for(self, layout: str) -> None:
-        """RULES, NOT_APPLICABLE and PARTIAL of this layout (on a -draft one: M2 on the view without its nodes)."""
-        draft = "-draft" in layout
-        self.RULES = type(self).RULES - set(self.DRAFT_NOT_APPLICABLE) if draft else type(self).RULES
-        self.NOT_APPLICABLE = {**type(self).NOT_APPLICABLE, **(self.DRAFT_NOT_APPLICABLE if draft else {})}
-        self.PARTIAL = {"M2": without_nodes} if draft else None
+    def _partial_for(self, layout: str) -> None:
+        """PARTIAL of this layout: on a -draft one, M2 is judged on the view without its nodes."""
+        self.PARTIAL = {"M2": without_nodes} if "-draft" in layout else None
 
     @property
     def pairs(self) -> bool:
@@ -136,7 +132,7 @@ class HarnessTarget:
     # ------------------------------------------------------------- Target
     def reset(self, **config) -> None:
         self.config.update(config)
-        self._rules_for(self.config["layout"])
+        self._partial_for(self.config["layout"])
         self.sent = []
         self._send(dict(op="reset", cost=COST, **self.config))
 
