@@ -185,8 +185,8 @@ def run(a) -> int:
     version = peer_version(a.target, py, a.src)
     saved = saved_findings(a.target)
     result = {"format": FORMAT, "target": a.target, "status": "ok", "reason": None,
-              "peer": {"version": version, "source": a.source or ("ollama/ollama main" if a.target == "ollama"
-                                                                   else "PyPI latest release")},
+              "peer": {"version": version, "source": a.source or ("checkout " + a.src if a.target == "ollama"
+                                                                   else "installed for " + py)},
               "hunt": None, "new": [], "known": [], "saved": []}
     report = out / "hunt"
     t = time.monotonic()
@@ -197,10 +197,11 @@ def run(a) -> int:
                       "violations": len(new) + len(known), "rules": sorted({v["rule"] for v in new + known}),
                       "line": _last_line(text)}         # the target's own closing line
     result["new"], result["known"] = new, known
-    if rc not in ok_codes:
+    if rc not in ok_codes or not (report / "report.md").is_file():     # exit 1 is also a Python traceback's
         result["status"] = "failed"
         result["reason"] = (f"hunt did not finish in {a.minutes:g} min + {SLACK_S // 60} min" if rc is None
-                            else f"hunt exit {rc}: {_last_line(err or text)}")
+                            else f"hunt exit {rc}{'' if rc not in ok_codes else ' and no report.md'}: "
+                                 f"{_last_line(err or text)}")
     if saved:
         rc2, text2, err2 = _run(replay_cmd(a.target, py, a.src, saved), REPLAY_S, out / "replay.log")
         got = replay_verdicts(a.target, text2, saved)

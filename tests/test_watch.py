@@ -182,3 +182,26 @@ def test_recorded_fixed_findings_are_apart(tmp_path):
     md = (tmp_path / "o" / "summary.md").read_text()
     assert "vllm `C1-hybrid-eagle.json` (fixed in 0.26.0)" in md
     assert "`S1-hybrid-eagle.json` (S1): recorded fixed in 0.26.0, reproduces on 0.40.0" in md
+
+
+def test_run_with_a_peer_that_cannot_run_writes_a_failed_result(tmp_path, capsys):
+    """An interpreter that fails at once (/bin/false): the result says failed with the reason, and every
+    saved finding is "error" (not judged), never "stopped"."""
+    assert watch.main(["run", "mlx-vlm", "--python", "/bin/false", "--out", str(tmp_path), "--minutes", "1"]) == 1
+    r = json.loads((tmp_path / "result.json").read_text())
+    assert r["status"] == "failed" and r["reason"] == "hunt exit 1 and no report.md: (no output)"
+    assert r["peer"]["version"] == "not installed"
+    assert {s["status"] for s in r["saved"]} == {"error"} and len(r["saved"]) == len(watch.saved_findings("mlx-vlm"))
+    assert (tmp_path / "hunt.log").read_text().startswith("$ /bin/false -m targets.mlx_vlm check")
+    assert watch.main(["run", "vllm", "--python", "/bin/false", "--out", str(tmp_path / "v"), "--minutes", "1"]) == 1
+    assert json.loads((tmp_path / "v" / "result.json").read_text())["reason"] == "hunt exit 1: (no output)"
+
+
+def test_ollama_version_is_the_checkouts_commit(tmp_path):
+    import subprocess
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert watch.peer_version("ollama", "", str(tmp_path)).startswith(f"main@{head} (")
+    assert watch.peer_version("ollama", "", str(tmp_path / "none")) == "unknown commit"
