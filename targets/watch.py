@@ -27,7 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-from targets.watch_merge import FORMAT, MergeError, merge_main
+from targets.watch_merge import FORMAT, merge_main
+from targets.watch_merge import MergeError as WatchError      # bad input: one line, exit 2
 
 ROOT = Path(__file__).resolve().parents[1]
 # target -> (module, hunt arguments, hunt exit codes that mean "ran", PyPI distribution)
@@ -180,7 +181,7 @@ def run(a) -> int:
     module, args, ok_codes, _ = TARGETS[a.target]
     py = a.python or sys.executable
     if a.target == "ollama" and not a.src:
-        raise MergeError("run ollama needs --src CHECKOUT (an ollama/ollama clone)")
+        raise WatchError("run ollama needs --src CHECKOUT (an ollama/ollama clone)")
     src_args = ["--src", a.src] if a.target == "ollama" else []
     version = peer_version(a.target, py, a.src)
     saved = saved_findings(a.target)
@@ -231,8 +232,13 @@ def failed(a) -> int:
 
 def latest(a) -> int:
     import urllib.request
-    with urllib.request.urlopen(f"https://pypi.org/pypi/{a.package}/json", timeout=60) as r:
-        print(json.load(r)["info"]["version"])
+    url = f"https://pypi.org/pypi/{a.package}/json"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            version = json.load(r)["info"]["version"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise WatchError(f"latest {a.package}: no version from {url} ({type(e).__name__}: {e})") from None
+    print(version)
     return 0
 
 
@@ -261,14 +267,14 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.cmd == "run" and a.minutes <= 0:
-            raise MergeError(f"--minutes {a.minutes:g}: give a positive number of minutes")
+            raise WatchError(f"--minutes {a.minutes:g}: give a positive number of minutes")
         if a.cmd == "merge" and not a.inputs and not a.expect:
-            raise MergeError("merge: no results given (result.json files or directories holding one)")
+            raise WatchError("merge: no results given (result.json files or directories holding one)")
         unknown = [x for x in getattr(a, "expect", "").split(",") if x and x not in TARGETS]
         if unknown:
-            raise MergeError(f"--expect {unknown[0]}: not a target (targets: {', '.join(sorted(TARGETS))})")
+            raise WatchError(f"--expect {unknown[0]}: not a target (targets: {', '.join(sorted(TARGETS))})")
         return {"run": run, "failed": failed, "merge": merge_main, "latest": latest}[a.cmd](a)
-    except MergeError as e:
+    except WatchError as e:
         print(f"watch: {e}", file=sys.stderr)
         return 2
 

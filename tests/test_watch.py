@@ -205,3 +205,21 @@ def test_ollama_version_is_the_checkouts_commit(tmp_path):
     head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert watch.peer_version("ollama", "", str(tmp_path)).startswith(f"main@{head} (")
     assert watch.peer_version("ollama", "", str(tmp_path / "none")) == "unknown commit"
+
+
+def test_latest_release_from_pypi_json(monkeypatch, capsys):
+    import io
+    import urllib.error
+    import urllib.request
+    asked = []
+
+    def fake(url, timeout):
+        asked.append(url)
+        if "absent" in url:
+            raise urllib.error.HTTPError(url, 404, "Not Found", {}, None)
+        return io.BytesIO(json.dumps({"info": {"version": "0.5.31"}}).encode())
+    monkeypatch.setattr(urllib.request, "urlopen", fake)
+    assert watch.main(["latest", "sglang"]) == 0
+    assert capsys.readouterr().out == "0.5.31\n" and asked == ["https://pypi.org/pypi/sglang/json"]
+    assert watch.main(["latest", "absent-pkg"]) == 2
+    assert "latest absent-pkg: no version from https://pypi.org/pypi/absent-pkg/json (HTTPError" in capsys.readouterr().err
