@@ -107,7 +107,9 @@ def replay_verdicts(target: str, out: str, findings: list[Path]) -> dict:
     got: dict = {}
     for line in out.splitlines():
         if target == "vllm" and line.startswith("{"):                       # replay-one: one JSON line each
-            rec = json.loads(line)
+            rec = _json(line)
+            if not (isinstance(rec, dict) and isinstance(rec.get("program"), str)):
+                continue
             name = _name(target, Path(rec["program"]))
             if rec.get("error"):
                 got[name] = ("error", rec["error"])
@@ -115,11 +117,11 @@ def replay_verdicts(target: str, out: str, findings: list[Path]) -> dict:
                 hit = _rule(by_name[name]) in rec["rules"] if name in by_name else False
                 got[name] = ("reproduces" if hit else "stopped", f"vLLM {rec.get('version')}: {rec['rules']}")
         elif target == "sglang" and line.startswith("RESULT "):              # --replay-one: {what, found}
-            d = json.loads(line[7:])
-            for p, rules in d["found"].items():
+            d = _json(line[7:])
+            for p, rules in (d.get("found") or {}).items() if isinstance(d, dict) else ():
                 rule = _rule(Path(p))
                 hit = rule in rules or (rule == "PANIC" and any(r.startswith("PANIC") for r in rules))
-                got[_name(target, Path(p))] = ("reproduces" if hit else "stopped", f"{d['what']}: {rules}")
+                got[_name(target, Path(p))] = ("reproduces" if hit else "stopped", f"{d.get('what')}: {rules}")
         elif target == "ollama":                                             # check-ollama: PATH: RULE still broken|not reproduced
             m = re.match(r"check-ollama: (\S+\.json): \S+ (still broken|not reproduced)", line)
             if m:
@@ -132,6 +134,13 @@ def replay_verdicts(target: str, out: str, findings: list[Path]) -> dict:
             elif m:
                 got[m[1]] = ("reproduces" if m[2] == "reproduces" else "stopped", line.strip())
     return got
+
+
+def _json(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _name(target: str, path: Path) -> str:
@@ -161,7 +170,7 @@ def hunt_violations(target: str, report: Path, saved: list[Path], out: Path) -> 
     new, known = [], []
     (out / "programs").mkdir(parents=True, exist_ok=True)
     for p in sorted((report / "programs").glob("*.json")) if (report / "programs").is_dir() else []:
-        rec = json.loads(p.read_text())
+        rec = _json(p.read_text())
         rule = rec.get("rule") if isinstance(rec, dict) and isinstance(rec.get("rule"), str) else p.stem.split("-")[0]
         (out / "programs" / p.name).write_text(p.read_text())
         row = {"rule": rule, "name": p.stem, "program": f"programs/{p.name}",

@@ -123,7 +123,7 @@ def test_replay_output_of_each_target(tmp_path):
     lines = [json.dumps({"program": str(vl[0]), "version": "0.40.0", "rules": [watch._rule(vl[0])], "error": None}),
              json.dumps({"program": str(vl[1]), "version": "0.40.0", "rules": [], "error": None}),
              json.dumps({"program": str(vl[2]), "version": "0.40.0", "rules": [], "error": "KeyError: x"})]
-    got = watch.replay_verdicts("vllm", "\n".join(lines), vl)
+    got = watch.replay_verdicts("vllm", "{stray warning text\n" + "\n".join(lines), vl)
     assert [got[f.name][0] for f in vl] == ["reproduces", "stopped", "error"]
 
     progs = []
@@ -145,10 +145,12 @@ def test_hunt_violations_new_and_known(tmp_path):
     (progs / "E1-other-cause.json").write_text(json.dumps({"rule": "E1"}))
     (progs / "M2-new.json").write_text(json.dumps({"rule": "M2", "message": "media"}))
     (progs / "E3.json").write_text(json.dumps({"rule": "E3"}))          # named by the rule alone
+    (progs / "S9-broken.json").write_text("{truncated")
     (progs / "C1-trim-partial_repro.py").write_text("")
     new, known = watch.hunt_violations("mlx-lm", tmp_path / "hunt", saved, tmp_path / "out")
     assert [(v["rule"], v["program"]) for v in new] == [("E1", "programs/E1-other-cause.json"),
-                                                        ("M2", "programs/M2-new.json")]
+                                                        ("M2", "programs/M2-new.json"),
+                                                        ("S9", "programs/S9-broken.json")]
     assert {v["name"]: v["known_as"] for v in known} == {"C1-trim-partial": "C1-trim-partial.json",
                                                          "E3": "E3-fetch-not-a-use.json"}
     assert (tmp_path / "out" / "programs" / "M2-new.json").exists()
