@@ -1,4 +1,4 @@
-"""`./dev check-sglang [--cache full|swa] [--minutes N] [--report DIR] [--src PATH | --release V] [--fixture FAULT]`
+"""`./dev check-sglang [--cache full|swa|req] [--eagle] [--minutes N] [--report DIR] [--src PATH | --release V] [--fixture FAULT]`
 `./dev check-sglang --replay P.json [...] --releases V1,V2,... | --srcs PATH1,PATH2,...`
 
 check: runs the rule machines against SGLang's RadixCache for N minutes (default 10) and writes
@@ -45,6 +45,14 @@ def release_dir(v: str) -> Path:
 
 def make_target(a):
     from targets.sglang.target import SglangTarget
+    if a.cache == "req":
+        from targets.sglang import engine
+        from targets.sglang.reqcalls import ReqTarget
+        src = a.src or (str(release_dir(a.release)) if a.release else None)
+        api = engine.load(src)
+        return ReqTarget(api, page_size=a.page_size, eagle=a.eagle), \
+            f"sglang {engine.version(api)} RadixCache via cache_*_req" + (", EAGLE bigram keys" if a.eagle else "") + \
+            (f", page size {a.page_size}" if a.page_size > 1 else "")
     if a.cache == "swa":
         from targets.sglang.swa import SwaTarget
         if a.fixture:
@@ -71,7 +79,8 @@ def check(a) -> int:
     target, what = make_target(a)
     print(f"check-sglang: {what}; {a.minutes} min", flush=True)
     c = machine.campaign(target, a.minutes, log=lambda s: print(s, flush=True))
-    out = report.write(Path(a.report), c, what, " ".join(sys.argv[1:]), target.page_size, swa=a.cache == "swa")
+    out = report.write(Path(a.report), c, what, " ".join(sys.argv[1:]), target.page_size, swa=a.cache == "swa",
+                       target=target if a.cache == "req" else None)
     print(f"{len(c.findings)} rule violations, {sum(n for n, _ in c.policy.values())} policy differences "
           f"({len(c.policy)} kinds); {c.steps / max(c.seconds, 1e-9):.0f} steps/s; report: {out}")
     return 1 if c.findings else 0
@@ -102,7 +111,7 @@ def replay(a) -> int:
     last = {}
     for flag, val in points:
         cmd = [sys.executable, "-m", "targets.sglang", "--replay-one", *a.replay, "--page-size", str(a.page_size),
-               "--cache", a.cache] + \
+               "--cache", a.cache] + (["--eagle"] if a.eagle else []) + \
             ([flag, val] if flag else [])
         r = subprocess.run(cmd, capture_output=True, text=True)
         line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -131,8 +140,10 @@ def main(argv=None) -> int:
     ap.add_argument("--report", default="reports/sglang")
     ap.add_argument("--src", default=os.environ.get("SGLANG_SRC", ""))
     ap.add_argument("--release", default="")
-    ap.add_argument("--cache", choices=("full", "swa"), default="full",
-                    help="full: RadixCache; swa: SWARadixCache (releases 0.4.10-0.5.20) with a window of 4")
+    ap.add_argument("--cache", choices=("full", "swa", "req"), default="full",
+                    help="full: RadixCache; swa: SWARadixCache (releases 0.4.10-0.5.20) with a window of 4; "
+                    "req: RadixCache through its own cache_unfinished_req / cache_finished_req")
+    ap.add_argument("--eagle", action="store_true", help="with --cache req: EAGLE bigram keys (0.5.3 on)")
     ap.add_argument("--page-size", type=int, default=1, help="the radix cache's page size (default 1)")
     ap.add_argument("--fixture", default="", help="none | a fault of targets/sglang/fixture.py (fixture_swa.py "
                     "with --cache swa)")
