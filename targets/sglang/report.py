@@ -19,7 +19,8 @@ from targets.sglang import rules as full_rules
 def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False, target=None) -> Path:
     """`swa`: the rules and causes of targets.sglang.rules_swa; no pytest export (the exported test
     drives RadixCache only): the program replays with `--cache swa --replay`. `target`: a
-    targets.sglang.reqcalls.ReqTarget (`--cache req`): its rules, and targets.sglang.export_req."""
+    targets.sglang.reqcalls.ReqTarget (`--cache req`) or swa_eagle.SwaPagedTarget (`--cache swa
+    --eagle` / `--page-size`): its rules, and the export of targets.sglang.export_req / export_swa."""
     if swa:
         from targets.sglang import rules_swa as rules
     else:
@@ -50,11 +51,12 @@ def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False, 
                f"Found after {f.seconds:.1f} s; shrunk to {f.length} operations (`programs/{rule}.json`; "
                f"`./dev check-sglang --replay programs/{rule}.json --releases A,B,...` names the first release "
                "where it stops):", "", "```", program_text(f.ops), "```", ""]
-        if swa:
+        if swa and target is None:
             continue
         if target is not None:
             from targets.sglang.export_req import export as export_req
-            text = export_req(rule, what, f.message, f.ops, page_size, eagle=target.eagle)
+            from targets.sglang.export_swa import export as export_swa
+            text = (export_swa if swa else export_req)(rule, what, f.message, f.ops, page_size, eagle=target.eagle)
         else:
             text = export(rule, what, f.message, f.ops, page_size)
         (d / "programs" / f"test_{rule.lower()}_sglang.py").write_text(text)

@@ -2,7 +2,7 @@
 cache_finished_req), with EAGLE bigram keys or not. The adapter, bigram view and rules on a
 planted-fault fake (always); the saved findings (targets/sglang/findings/) on the SGLang named by
 SGLANG_REQ_SRC (an unpacked 0.5.3 - 0.5.20 wheel or a checkout, loadable by this interpreter),
-else skipped with the reason."""
+else skipped with the reason; each saved finding's exported pytest module compiles (always)."""
 from __future__ import annotations
 
 import json
@@ -63,6 +63,16 @@ def test_campaign_on_the_fixture_finds_shrinks_and_exports(tmp_path):
     text = (tmp_path / "programs" / "test_a2_sglang.py").read_text()
     assert "cache_finished_req" in out.read_text() and "PAGE, EAGLE, CHUNK = 1, True" in text
     compile(text, "test_a2_sglang.py", "exec")
+
+
+@pytest.mark.parametrize("path", FINDINGS, ids=[p.stem for p in FINDINGS])
+def test_each_saved_finding_exports_a_pytest_module(path):
+    from targets.sglang import export_req, export_swa
+    rec = json.loads(path.read_text())
+    ex = export_swa if rec["cache"] == "swa" else export_req
+    text = ex.export(rec["rule"], rec["found_on"], rec["message"], rec["ops"], rec["page_size"], eagle=rec["eagle"])
+    compile(text, path.stem + ".py", "exec")
+    assert "cache_finished_req" in text and f"PAGE, EAGLE, CHUNK" in text
 
 
 def _src():
