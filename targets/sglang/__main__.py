@@ -1,6 +1,7 @@
 """`./dev check-sglang [--cache full|swa|req] [--eagle] [--minutes N] [--report DIR] [--src PATH | --release V] [--fixture FAULT]`
 `./dev check-sglang --replay P.json [...] --releases V1,V2,... | --srcs PATH1,PATH2,...`
 `./dev check-sglang --export targets/sglang/findings/*.json --report DIR`
+`./dev check-sglang --onefix [--src PATH | --release 0.5.5] [--report DIR]` (targets/sglang/onefix.py)
 
 check: runs the rule machines against SGLang's RadixCache for N minutes (default 10) and writes
 DIR/report.md (default reports/sglang): per violated rule its meaning, the SGLang function
@@ -172,6 +173,8 @@ def main(argv=None) -> int:
     ap.add_argument("--replay-one", nargs="+", metavar="PROGRAM", help=argparse.SUPPRESS)
     ap.add_argument("--export", nargs="+", metavar="FINDING", help="saved findings (targets/sglang/findings/"
                     "*.json) -> pytest modules against SGLang's API under --report")
+    ap.add_argument("--onefix", action="store_true", help="each finding's exported test on the release and on "
+                    "copies with one bug fixed each (DIR/onefix)")
     ap.add_argument("--srcs", default="", help="comma-separated checkouts, oldest first (--replay)")
     ap.add_argument("--releases", default="", help="comma-separated PyPI releases, oldest first (--replay)")
     a = ap.parse_args(argv)
@@ -180,6 +183,9 @@ def main(argv=None) -> int:
         return replay_one(a)
     if a.export:
         return export_findings(a)
+    if a.onefix:
+        from targets.sglang import onefix
+        return onefix.main(str(Path(a.report) / "onefix"), a.src or str(release_dir(a.release or onefix.AFFECTED)))
     try:
         if a.replay:
             return replay(a)

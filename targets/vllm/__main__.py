@@ -2,6 +2,8 @@
 `./dev check-vllm replay [--src PATH ... | --release X ... | --repo CHECKOUT --range A..B] PROGRAM.json ...`
   (also spelled `--replay PROGRAM.json ...`; `--version X` = `--release X`)
 `./dev check-vllm release X.Y.Z` (unpack a release's Python sources from PyPI: prints the --src path)
+`./dev check-vllm onefix [--release 0.25.0 | --src PATH] [--dir DIR]` (targets/vllm/onefix.py: the findings'
+  exported tests on the affected release and on a copy with only their cause fixed)
 
 check: hunts rule violations of vLLM's prefix cache (targets.vllm.adapter) for N minutes (default 10)
 over the layouts (full, swa, mamba, hybrid, full-spec, swa-spec; then the -eagle ones, judged without
@@ -176,13 +178,17 @@ def main(argv=None) -> int:
     o = sub.add_parser("replay-one")
     o.add_argument("programs", nargs="+")
     o.add_argument("--src")
+    f = sub.add_parser("onefix")
+    f.add_argument("--src")
+    f.add_argument("--release", "--version", dest="release")
+    f.add_argument("--dir", default="reports/vllm/onefix")
     rel = sub.add_parser("release")
     rel.add_argument("version")
     args = ap.parse_args(argv)
     if args.cmd == "release":
         print(release(args.version))
         return 0
-    if args.cmd in ("check", "replay-one"):
+    if args.cmd in ("check", "replay-one", "onefix"):
         try:
             _engine(_src(args))
         except Exception as e:                   # noqa: BLE001 -- one line, then maybe re-run elsewhere
@@ -193,6 +199,9 @@ def main(argv=None) -> int:
             print(f"check-vllm: cannot import vLLM's prefix-cache managers ({type(e).__name__}: {e}); "
                   f"install as docs/peers.md says, or set VLLM_PYTHON", file=sys.stderr)
             return 2
+    if args.cmd == "onefix":
+        from targets.vllm import onefix
+        return onefix.main(args.dir, _src(args) or str(release(onefix.AFFECTED)))
     return {"check": check, "replay": replay, "replay-one": replay_one}[args.cmd](args)
 
 
