@@ -36,7 +36,7 @@ def _fake_release(root: Path, text: str) -> Path:
     return root
 
 
-def test_build_applies_the_fix_to_a_copy_and_refuses_a_release_whose_text_moved(tmp_path):
+def test_build_applies_the_fix_to_a_copy_and_refuses_a_release_whose_text_moved(tmp_path, capsys):
     (old, new), = [(o, n) for _, o, n in vl.FIXES["mamba-no-eagle-margin"]]
     src = _fake_release(tmp_path / "rel", "def f():\n" + old + "                    pass\n")
     out = onefix.build(src, "vllm", tmp_path / "copy", vl.FIXES["mamba-no-eagle-margin"])
@@ -47,6 +47,8 @@ def test_build_applies_the_fix_to_a_copy_and_refuses_a_release_whose_text_moved(
         onefix.build(moved, "vllm", tmp_path / "copy2", vl.FIXES["mamba-no-eagle-margin"])
     with pytest.raises(FileNotFoundError, match="no sglang package"):
         onefix.build(src, "sglang", tmp_path / "copy3", [])
+    assert vl.main(str(tmp_path / "run"), str(moved)) == 2                 # no copy, no table: one line, status 2
+    assert "occurs 0 times" in capsys.readouterr().err
 
 
 def test_every_saved_finding_names_a_fix_and_every_fix_a_finding():
