@@ -1,4 +1,4 @@
-"""`./dev check-sglang [--cache full|swa] [--minutes N] [--report DIR] [--src PATH | --release V] [--fixture FAULT]`
+"""`./dev check-sglang [--cache full|swa|mamba|unified] [--minutes N] [--report DIR] [--src PATH | --release V] [--fixture FAULT]`
 `./dev check-sglang --replay P.json [...] --releases V1,V2,... | --srcs PATH1,PATH2,...`
 
 check: runs the rule machines against SGLang's RadixCache for N minutes (default 10) and writes
@@ -45,6 +45,9 @@ def release_dir(v: str) -> Path:
 
 def make_target(a):
     from targets.sglang.target import SglangTarget
+    if a.cache in ("mamba", "unified"):
+        from targets.sglang.hybrid_cli import make_hybrid
+        return make_hybrid(a, release_dir)
     if a.cache == "swa":
         from targets.sglang.swa import SwaTarget
         if a.fixture:
@@ -71,7 +74,8 @@ def check(a) -> int:
     target, what = make_target(a)
     print(f"check-sglang: {what}; {a.minutes} min", flush=True)
     c = machine.campaign(target, a.minutes, log=lambda s: print(s, flush=True))
-    out = report.write(Path(a.report), c, what, " ".join(sys.argv[1:]), target.page_size, swa=a.cache == "swa")
+    out = report.write(Path(a.report), c, what, " ".join(sys.argv[1:]), target.page_size, swa=a.cache == "swa",
+                       rules_of=a.cache if a.cache in ("mamba", "unified") else "")
     print(f"{len(c.findings)} rule violations, {sum(n for n, _ in c.policy.values())} policy differences "
           f"({len(c.policy)} kinds); {c.steps / max(c.seconds, 1e-9):.0f} steps/s; report: {out}")
     return 1 if c.findings else 0
@@ -131,8 +135,10 @@ def main(argv=None) -> int:
     ap.add_argument("--report", default="reports/sglang")
     ap.add_argument("--src", default=os.environ.get("SGLANG_SRC", ""))
     ap.add_argument("--release", default="")
-    ap.add_argument("--cache", choices=("full", "swa"), default="full",
-                    help="full: RadixCache; swa: SWARadixCache (releases 0.4.10-0.5.20) with a window of 4")
+    ap.add_argument("--cache", choices=("full", "swa", "mamba", "unified"), default="full",
+                    help="full: RadixCache; swa: SWARadixCache (releases 0.4.10-0.5.20) with a window of 4; "
+                    "mamba: MambaRadixCache (0.5.6-0.5.20); unified: UnifiedRadixCache (0.5.15 on), "
+                    "targets/sglang/hybrid_cli.py")
     ap.add_argument("--page-size", type=int, default=1, help="the radix cache's page size (default 1)")
     ap.add_argument("--fixture", default="", help="none | a fault of targets/sglang/fixture.py (fixture_swa.py "
                     "with --cache swa)")

@@ -16,10 +16,15 @@ from targets.sglang.export import export
 from targets.sglang import rules as full_rules
 
 
-def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False) -> Path:
+def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False, rules_of: str = "") -> Path:
     """`swa`: the rules and causes of targets.sglang.rules_swa; no pytest export (the exported test
-    drives RadixCache only): the program replays with `--cache swa --replay`."""
-    if swa:
+    drives RadixCache only): the program replays with `--cache swa --replay`. `rules_of` ("mamba",
+    "unified"): those of targets.sglang.rules_<rules_of>, no pytest export either."""
+    if rules_of:
+        import importlib
+        rules = importlib.import_module(f"targets.sglang.rules_{rules_of}")
+        swa = True
+    elif swa:
         from targets.sglang import rules_swa as rules
     else:
         rules = full_rules
@@ -27,7 +32,8 @@ def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False) 
     d = Path(d)
     (d / "programs").mkdir(parents=True, exist_ok=True)
     rate = c.steps / c.seconds if c.seconds else 0.0
-    md = [f"# Rule check of SGLang's {'SWARadixCache' if swa else 'RadixCache'}: {what}", "",
+    md = [f"# Rule check of SGLang's {'SWARadixCache' if swa else 'RadixCache'}: {what}" if not rules_of else
+          f"# Rule check of SGLang's {rules_of} radix cache: {what}", "",
           f"`./dev check-sglang {command}`: {c.minutes:g} minutes, {c.runs} Hypothesis runs, {c.steps} operations "
           f"judged in {c.seconds:.0f} s = **{rate:.0f} operations/s** (reductions included).", "",
           f"Rules judged: {', '.join(sorted(RULES))}. Not applicable:", ""]
