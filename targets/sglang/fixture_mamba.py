@@ -94,6 +94,10 @@ class FakeMambaCache:
         self._touch(node)
         if cow_mamba and req is not None and node.mamba_value is not None:
             if req.mamba_pool_idx is None:
+                if not self.rows.mamba_allocator.available_size():
+                    self.inc_lock_ref(node)
+                    self.evict(0, 1)
+                    self.dec_lock_ref(node)
                 req.mamba_pool_idx = self.rows.mamba_allocator.alloc(1)[0]
             self.rows.mamba_pool.copy_from(node.mamba_value, Vec([int(req.mamba_pool_idx)]))
         return Vec(value[:n]), node
@@ -130,6 +134,9 @@ class FakeMambaCache:
         row = self.rows.req_to_token[req.req_pool_idx, :n]
         own = Vec([int(req.mamba_pool_idx)])
         state = own if self.fault == "no-fork" else self.rows.mamba_pool.fork_from(own)
+        if state is None:
+            self.evict(0, 1)
+            state = self.rows.mamba_pool.fork_from(own)
         _, exist = self.insert(req.fill_ids, row, state, req.cache_protected_len)
         if exist and self.fault != "no-fork":
             self.rows.mamba_pool.free(state)

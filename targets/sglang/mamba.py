@@ -30,6 +30,9 @@ from targets.sglang.rules_mamba import NOT_APPLICABLE, RULES
 from targets.sglang.swa import FakeReq, ReqToToken, SwaTarget, _ints
 
 CHUNK = 64          # mamba_cache_chunk_size (server args): only the extra-buffer mode uses it
+SPARE = 6           # state slots beyond the budget's (one per 8 tokens): the open request's own, its copy on
+                    # write and its chunk forks; past them SGLang evicts states itself (_alloc_mamba_slot,
+                    # the match's copy on write), as under a full pool
 
 
 class MambaApi:
@@ -195,7 +198,7 @@ class MambaTarget(SwaTarget):
     def reset(self, budget: int = 1 << 40, chunk: int | None = None, **_config):
         self.chunk = chunk or self.chunk
         self.alloc = kv_alloc_class(self.api.Alloc)(tensor=self.api.tensor)
-        self.mpool = MambaTagPool(tensor=self.api.tensor)
+        self.mpool = MambaTagPool(min(1 << 10, budget // 32 + SPARE), tensor=self.api.tensor)
         self.r2t = getattr(self.api, "rows", HybridRows)(self.api, self.mpool)
         self.cache = self.api.make(self.alloc, self.r2t)
         src = inspect.getsource(type(self.cache).cache_unfinished_req)
@@ -234,6 +237,8 @@ class MambaTarget(SwaTarget):
         slots, node = self.api.match(self.cache, keys[:-1], f)
         self.cache.inc_lock_ref(node)
         if f.mamba_pool_idx is None:                      # alloc_req_slots: a fresh (zero) state
+            if not self.mpool.available_size():           # the scheduler makes room first (evict mamba)
+                self.api.evict(self.cache, 0, 1)
             f.mamba_pool_idx = self.mpool.alloc(1)[0]
             self.mpool.tags[int(f.mamba_pool_idx)] = ()
         f.holds_mamba = True
