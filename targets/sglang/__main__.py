@@ -65,6 +65,10 @@ def make_target(a):
     from targets.sglang import engine
     src = a.src or (str(release_dir(a.release)) if a.release else None)
     api = engine.load(src)
+    from targets.sglang.full_req import CheckpointTarget, has_checkpoint    # 0.5.23: its own checkpoint()
+    if has_checkpoint(api):
+        return CheckpointTarget(api, page_size=a.page_size), f"sglang {engine.version(api)} (checkpoint)" + \
+            (f", page size {a.page_size}" if a.page_size > 1 else "")
     return SglangTarget(api, page_size=a.page_size), f"sglang {engine.version(api)}" + \
         (f", page size {a.page_size}" if a.page_size > 1 else "")
 
