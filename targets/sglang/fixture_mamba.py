@@ -18,6 +18,7 @@ removes least-recent unlocked leaves, their states with them. With fault=None it
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 from targets.sglang.fixture import Vec
 from targets.sglang.fixture_swa import FakeReqToToken
@@ -38,11 +39,19 @@ class FakeRows(MambaRows, FakeReqToToken):
 
 
 class Node:
+    _ids = itertools.count(1)
+
     def __init__(self, parent=None, key=(), value=()):
+        self.id = next(self._ids)
         self.parent, self.key, self.value, self.children = parent, list(key), Vec(value), {}
         self.mamba_value = None
         self.full_lock_ref = self.mamba_lock_ref = 0
         self.last_access_time = 0.0
+
+    @property
+    def component_data(self):
+        """The unified cache's per-component node data (fixture_unified): [FULL, SWA, MAMBA]."""
+        return [SimpleNamespace(value=self.value), None, SimpleNamespace(value=self.mamba_value)]
 
 
 class FakeMambaCache:

@@ -168,10 +168,11 @@ class MambaRows:
             self.free_mamba_cache(self.req)
 
     def free_mamba_cache(self, req, mamba_ping_pong_track_buffer_to_keep=None) -> None:
-        if req.mamba_pool_idx is not None:
-            self.mamba_pool.free(self.api.tensor([int(req.mamba_pool_idx)]))
-            req.mamba_pool_idx = None
-            req.holds_mamba = False
+        kv = getattr(req, "kv", req)                      # 0.5.20 on: the request's kv record
+        if kv.mamba_pool_idx is not None:
+            self.mamba_pool.free(self.api.tensor([int(kv.mamba_pool_idx)]))
+            kv.mamba_pool_idx = None
+            kv.holds_mamba = False
 
 
 class HybridRows(MambaRows, ReqToToken):

@@ -52,7 +52,7 @@ def view_of(t) -> View:
                                               "ident": ("mamba", s), "content": _state(p, s, e)})
     for s in p.double_frees:
         released += [("mamba", s), ("mamba", s)]
-    f = t.fake
+    f = getattr(t.fake, "kv", t.fake)                    # the request's kv record (0.5.20 on) or itself
     own = {int(f.mamba_pool_idx)} if f is not None and f.mamba_pool_idx is not None else set()
     leaked = [("mamba", s) for s in p.allocated if s not in held and s not in own]
     if leaked:
