@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 from types import SimpleNamespace
 
-from targets.sglang.mamba import MambaRows, MambaTarget, MambaTagPool, ReqToToken, kv_alloc_class
+from targets.sglang.mamba import SPARE, MambaRows, MambaTagPool, MambaTarget, ReqToToken, kv_alloc_class
 from targets.sglang.rules_unified import NOT_APPLICABLE, RULES
 
 
@@ -146,7 +146,7 @@ class UnifiedTarget(MambaTarget):
     def reset(self, budget: int = 1 << 40, chunk: int | None = None, **_config):
         self.chunk = chunk or self.chunk
         self.alloc = kv_alloc_class(self.api.Alloc)(tensor=self.api.tensor)
-        self.mpool = MambaTagPool(min(1 << 10, budget // 32 + 6), tensor=self.api.tensor)
+        self.mpool = MambaTagPool(min(1 << 10, budget // 32 + SPARE), tensor=self.api.tensor)
         self.r2t = self.api.rows(self.api, self.mpool)
         self.views: dict = {}
         self.releases_window = False
