@@ -1,4 +1,5 @@
-"""`./dev check-sglang [--cache full|swa|mamba|unified] [--minutes N] [--report DIR] [--src PATH | --release V] [--fixture FAULT]`
+"""`./dev check-sglang [--cache full|swa|mamba|unified] [--minutes N] [--report DIR] [--src PATH | --release V]
+[--fixture FAULT]`
 `./dev check-sglang --replay P.json [...] --releases V1,V2,... | --srcs PATH1,PATH2,...`
 
 check: runs the rule machines against SGLang's RadixCache for N minutes (default 10) and writes

@@ -23,5 +23,9 @@ def make_hybrid(a, release_dir):
         return UnifiedTarget(FakeUnifiedApi(None if a.fixture == "none" else a.fixture)), \
             f"unified fixture ({a.fixture})"
     from targets.sglang import engine
+    from targets.sglang.unified_legacy import LegacyUnifiedTarget, has_legacy_unified, load_legacy_unified
+    if has_legacy_unified(src):                  # 0.5.15: cache_*_req, no checkpoint
+        return LegacyUnifiedTarget(load_legacy_unified(src)), \
+            f"sglang {engine.version(engine.load(src))} UnifiedRadixCache (cache_*_req)"
     api = load_unified(src)
     return UnifiedTarget(api), f"sglang {engine.version(engine.load(src))} UnifiedRadixCache"

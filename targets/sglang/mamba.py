@@ -230,7 +230,7 @@ class MambaTarget(SwaTarget):
         matched = self._longest(keys)
         f = self.fake = FakeReq(rid="r", req_pool_idx=0, origin_input_ids=list(keys), output_ids=[], fill_ids=[],
                                 prefix_indices=self.api.tensor([]), last_node=None, extra_key=None,
-                                cache_salt=None, cache_protected_len=0, committed=0, mamba_pool_idx=None,
+                                cache_salt=None, session=None, cache_protected_len=0, committed=0, mamba_pool_idx=None,
                                 holds_mamba=False, mamba_cow_src_index=None, mamba_needs_clear=True,
                                 mamba_last_track_seqlen=None, extend_range=SimpleNamespace(end=0))
         f.kv = f

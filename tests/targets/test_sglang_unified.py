@@ -1,7 +1,8 @@
 """targets/sglang/unified: SGLang 0.5.23's UnifiedRadixCache (Full + Mamba components) driven through
 match_prefix / lock / checkpoint / free_kv_row / unlock / on_release, on a planted-fault fake (always, no
-sglang or torch needed) and on SGLang's own cache when SGLANG_UNIFIED_SRC names 0.5.23 (an unpacked wheel
-or checkout, with sglang's torch venv: targets/sglang/install.sh), else skipped with the reason."""
+sglang or torch needed) and on SGLang's own cache when SGLANG_UNIFIED_SRC names 0.5.23 or 0.5.15 (0.5.15:
+cache_*_req, targets/sglang/unified_legacy.py; an unpacked wheel or checkout, with sglang's torch venv:
+targets/sglang/install.sh, install_overlay.sh for 0.5.15), else skipped with the reason."""
 from __future__ import annotations
 
 import importlib.util
@@ -47,4 +48,6 @@ SRC = os.environ.get("SGLANG_UNIFIED_SRC", "")
                     "SGLANG_UNIFIED_SRC=... SGLANG_PYTHON=... ./dev python -m pytest")
 def test_real_unified_radix_cache_clean_program():
     from targets.sglang.unified import load_unified
-    assert replay(UnifiedTarget(load_unified(SRC)), PROGRAM) == []
+    from targets.sglang.unified_legacy import LegacyUnifiedTarget, has_legacy_unified, load_legacy_unified
+    t = LegacyUnifiedTarget(load_legacy_unified(SRC)) if has_legacy_unified(SRC) else UnifiedTarget(load_unified(SRC))
+    assert replay(t, PROGRAM) == []
