@@ -30,9 +30,10 @@ from targets.sglang.rules_mamba import NOT_APPLICABLE, RULES
 from targets.sglang.swa import FakeReq, ReqToToken, SwaTarget, _ints
 
 CHUNK = 64          # mamba_cache_chunk_size (server args): only the extra-buffer mode uses it
-SPARE = 6           # state slots beyond the budget's (one per 8 tokens): the open request's own, its copy on
-                    # write and its chunk forks; past them SGLang evicts states itself (_alloc_mamba_slot,
-                    # the match's copy on write), as under a full pool
+PER_STATE = 16      # budget tokens per cached state (the state pool's share of the budget)
+SPARE = 3           # state slots beyond the budget's: the open request's own, its copy on write and one chunk
+                    # fork; past them SGLang evicts states itself (_alloc_mamba_slot, the match's copy on
+                    # write), as under a full pool
 
 
 class MambaApi:
@@ -199,7 +200,7 @@ class MambaTarget(SwaTarget):
     def reset(self, budget: int = 1 << 40, chunk: int | None = None, **_config):
         self.chunk = chunk or self.chunk
         self.alloc = kv_alloc_class(self.api.Alloc)(tensor=self.api.tensor)
-        self.mpool = MambaTagPool(min(1 << 10, budget // 32 + SPARE), tensor=self.api.tensor)
+        self.mpool = MambaTagPool(min(1 << 10, budget // 4 // PER_STATE + SPARE), tensor=self.api.tensor)
         self.r2t = getattr(self.api, "rows", HybridRows)(self.api, self.mpool)
         self.cache = self.api.make(self.alloc, self.r2t)
         src = inspect.getsource(type(self.cache).cache_unfinished_req)
@@ -276,11 +277,11 @@ class MambaTarget(SwaTarget):
             self._enforce()
 
     def _enforce(self) -> None:
-        """Full budget: evict(full over); mamba states: one per 8 budget tokens (tombstones are made)."""
+        """Full budget: evict(full over); mamba states: one per PER_STATE budget tokens (tombstones are made)."""
         self.shown_budget = self.budget
         limit = self.budget // 4
         over = self.cached() - limit
-        m_over = len(self.mamba_nodes()) - limit // 8
+        m_over = len(self.mamba_nodes()) - limit // PER_STATE
         if over > 0 or m_over > 0:
             before = {k for k, _, _ in self.nodes()}
             self.api.evict(self.cache, max(over, 0), max(m_over, 0))

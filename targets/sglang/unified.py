@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 from types import SimpleNamespace
 
-from targets.sglang.mamba import SPARE, MambaRows, MambaTagPool, MambaTarget, ReqToToken, kv_alloc_class
+from targets.sglang.mamba import PER_STATE, SPARE, MambaRows, MambaTagPool, MambaTarget, ReqToToken, kv_alloc_class
 from targets.sglang.rules_unified import NOT_APPLICABLE, RULES
 
 
@@ -146,7 +146,7 @@ class UnifiedTarget(MambaTarget):
     def reset(self, budget: int = 1 << 40, chunk: int | None = None, **_config):
         self.chunk = chunk or self.chunk
         self.alloc = kv_alloc_class(self.api.Alloc)(tensor=self.api.tensor)
-        self.mpool = MambaTagPool(min(1 << 10, budget // 32 + SPARE), tensor=self.api.tensor)
+        self.mpool = MambaTagPool(min(1 << 10, budget // 4 // PER_STATE + SPARE), tensor=self.api.tensor)
         self.r2t = self.api.rows(self.api, self.mpool)
         self.views: dict = {}
         self.releases_window = False
@@ -280,7 +280,7 @@ class UnifiedTarget(MambaTarget):
         self.shown_budget = self.budget
         limit = self.budget // 4
         over = self.cached() - limit
-        m_over = len(self.mamba_nodes()) - limit // 8
+        m_over = len(self.mamba_nodes()) - limit // PER_STATE
         if over > 0 or m_over > 0:
             before = {k for k, _, _ in self.nodes()}
             self.call(self.cache.evict, self.api.EvictParams(num_tokens=max(over, 0), mamba_num=max(m_over, 0)))
