@@ -114,6 +114,9 @@ class MambaTagPool:
     def available_size(self) -> int:
         return len(self.free_slots)
 
+    def schedulable_available_size(self) -> int:       # 0.5.23's evict_for_alloc (a static pool: the same)
+        return len(self.free_slots)
+
     def alloc(self, n: int = 1):
         if n > len(self.free_slots):
             return None
@@ -274,14 +277,17 @@ class MambaTarget(SwaTarget):
         its close (its locked path can be freed of neither)."""
         self.budget = budget
         if self.req is None:
-            self._enforce()
+            self._enforce(states=True)
 
-    def _enforce(self) -> None:
-        """Full budget: evict(full over); mamba states: one per PER_STATE budget tokens (tombstones are made)."""
+    def _enforce(self, states: bool = False) -> None:
+        """Full budget: evict(full over); with `states` (a set_budget at rest) also the mamba states, one per
+        PER_STATE budget tokens (tombstones are made). Not at close: SGLang evicts when it next needs room,
+        never inside the finish, and a state evicted in the very operation that splits its node would
+        read to S4 as a split moving whole-state (a state count is not in E1's bytes either)."""
         self.shown_budget = self.budget
         limit = self.budget // 4
         over = self.cached() - limit
-        m_over = len(self.mamba_nodes()) - limit // PER_STATE
+        m_over = len(self.mamba_nodes()) - limit // PER_STATE if states else 0
         if over > 0 or m_over > 0:
             before = {k for k, _, _ in self.nodes()}
             self.api.evict(self.cache, max(over, 0), max(m_over, 0))

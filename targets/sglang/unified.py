@@ -276,11 +276,12 @@ class UnifiedTarget(MambaTarget):
         self.outcome = None
         self._enforce()
 
-    def _enforce(self) -> None:
+    def _enforce(self, states: bool = False) -> None:
+        """As MambaTarget._enforce."""
         self.shown_budget = self.budget
         limit = self.budget // 4
         over = self.cached() - limit
-        m_over = len(self.mamba_nodes()) - limit // PER_STATE
+        m_over = len(self.mamba_nodes()) - limit // PER_STATE if states else 0
         if over > 0 or m_over > 0:
             before = {k for k, _, _ in self.nodes()}
             self.call(self.cache.evict, self.api.EvictParams(num_tokens=max(over, 0), mamba_num=max(m_over, 0)))
