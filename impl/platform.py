@@ -67,6 +67,15 @@ def apply_device_env() -> None:
     mx.set_default_device(mx.cpu if name == "cpu" else mx.gpu)
 
 
+def cpu_only_allocator() -> bool:
+    """True where MLX's build has no GPU backend: its CPU allocator counts active bytes exactly and
+    keeps freed buffers in its pool. A CUDA or Metal build serves CPU-device arrays from its own
+    allocator, which rounds small blocks up (a 16,384 B buffer counted 24,832 B on an H200) and may
+    return freed buffers at once, whatever the default device is."""
+    import mlx.core as mx
+    return not (mx.metal.is_available() or mx.cuda.is_available())
+
+
 def openblas_available() -> bool:
     return sys.platform.startswith("linux") and os.path.exists(OPENBLAS)
 

@@ -26,8 +26,18 @@ def view_of(raw: dict) -> View:
     return v
 
 
-def check_view(view: View, rules=None) -> list:
-    return R.check(view, rules=rules)
+def check_view(view: View, rules=None, partial=None) -> list:
+    """spec.rules' state rules on the view; a rule in `partial` (rule id -> view -> view) is judged by its own
+    predicate on that function's image of the view instead (a target that shows only part of what the rule
+    reads, e.g. M2's capture clause alone on a view without its nodes)."""
+    partial = partial or {}
+    keep = None if rules is None else set(rules)
+    whole = [r for r in R.STATE if r not in partial and (keep is None or r in keep)]
+    out = R.check(view, rules=whole)
+    for rid, part in partial.items():
+        if keep is None or rid in keep:
+            out += R.check(part(view), rules={rid})
+    return out
 
 
 def check_op(before: View | None, op: Op, after: View, merges=(), rules=None) -> list:

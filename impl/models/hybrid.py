@@ -6,7 +6,8 @@
 - mamba2:    ``mamba2``: pure SSM (RecurrentCache only).
 
 Invariants:
-- Weights are generated once per seed (``mx.random.seed``), saved in mlx-lm's on-disk format
+- Weights are generated once per seed (``mx.random.seed``) on the CPU stream (the same bits whatever
+  the process's default device), saved in mlx-lm's on-disk format
   (config.json + model.safetensors) under ``$PREFIX_TRIE_CACHE`` or ``<repo>/.cache/models``, and
   always loaded back through mlx-lm's own loader (``mlx_lm.utils.load_model``), so what the tests run
   is exactly what mlx-lm would run from disk.
@@ -29,7 +30,7 @@ from . import zoo as _zoo
 VOCAB = 49152
 WINDOW = 8
 SEED = 20260101
-FORMAT_VERSION = 1  # bump to regenerate every cached model
+FORMAT_VERSION = 2  # bump to regenerate every cached model (2: generated on the CPU stream)
 
 CONFIGS: dict[str, dict] = {
     "gemma3": {
@@ -118,12 +119,16 @@ def generate(name: str, path: Path) -> None:
 
     config = dict(CONFIGS[name])
     model_class, args_class = _get_classes(config=config)
-    mx.random.seed(SEEDS[name])
-    model = model_class(args_class.from_dict(config))
-    weights = dict(tree_flatten(model.parameters()))
-    if name == "gemma3":
-        weights.pop("lm_head.weight", None)  # gemma3_text ties the head when lm_head is absent
-    weights = {k: v.astype(mx.float32) for k, v in weights.items()}
+    # On the CPU stream whatever the default device: the same seed gives the same bits in every process
+    # of a machine (a GPU's random kernels round otherwise, and workers on both devices share the files)
+    with mx.stream(mx.cpu):
+        mx.random.seed(SEEDS[name])
+        model = model_class(args_class.from_dict(config))
+        weights = dict(tree_flatten(model.parameters()))
+        if name == "gemma3":
+            weights.pop("lm_head.weight", None)  # gemma3_text ties the head when lm_head is absent
+        weights = {k: v.astype(mx.float32) for k, v in weights.items()}
+        mx.eval(weights)
     path.mkdir(parents=True, exist_ok=True)
     # Per-process temporary names and atomic renames: test workers and runners may generate
     # concurrently, and the content is deterministic, so the last rename wins with identical bytes.

@@ -1,12 +1,17 @@
-"""`./dev check-mlx-vlm [--minutes N] [--seed S] [--report DIR]` | `./dev check-mlx-vlm replay F.json ...`
+"""`./dev check-mlx-vlm [--minutes N] [--seed S] [--report DIR]` | `./dev check-mlx-vlm replay F.json ...` |
+`./dev check-mlx-vlm onefix [--dir DIR]`
 
 Runs in mlx-vlm's own venv (MLXVLM_PYTHON; targets/mlx_vlm/install.sh).
 check: random request programs (targets/program.py) against mlx-vlm's automatic prefix cache for N
-minutes (default 10), on qwen2_vl (block mode) and qwen3_5 (checkpoint mode), with random and
-blank-page images; writes DIR/report.md (default
+minutes (default 10), on qwen2_vl (block mode), qwen3_5 (checkpoint mode) and gemma3 (windowed,
+checkpoint mode, text-only programs), with random and
+blank-page images, and random and blank clips (videos); writes DIR/report.md (default
 reports/mlx-vlm) and DIR/programs/RULE.json (each violation's shrunk program), and replays the saved
 findings (targets/mlx_vlm/findings/*.json).
 replay: re-judges saved findings or programs; prints whether each reproduces.
+onefix: every finding's standalone test against the installed mlx-vlm and one copy per fix, each
+with only that bug fixed (targets/mlx_vlm/onefix.py; DIR default /tmp/mlx-vlm-onefix); prints the
+table; exit 1 where it is not the identity.
 Exit status: 0 no violation; 1 violations (check) or a finding still reproducing (replay); 2 mlx-vlm
 missing or bad arguments.
 """
@@ -33,7 +38,8 @@ def replay(paths) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="check-mlx-vlm")
-    ap.add_argument("cmd", nargs="?", default="check", choices=("check", "replay"))
+    ap.add_argument("cmd", nargs="?", default="check", choices=("check", "replay", "onefix"))
+    ap.add_argument("--dir", default="/tmp/mlx-vlm-onefix")
     ap.add_argument("files", nargs="*")
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -47,12 +53,15 @@ def main(argv=None) -> int:
         return 2
     from targets.mlx_vlm import report, search
     version = getattr(mlx_vlm, "__version__", "?")
+    if a.cmd == "onefix":
+        from targets.mlx_vlm import onefix
+        return onefix.main(a.dir)
     if a.cmd == "replay":
         if not a.files:
             ap.error("replay needs finding or program files")
         return 1 if any(ok for _, ok, _ in replay(a.files)) else 0
     result = search.hunt(a.minutes, a.seed)
-    result["configs"] = [f"{c['arch']}/{c['image_kind']}" for c in search.CONFIGS]
+    result["configs"] = [f"{c['arch']}/{c['image_kind']}/{c.get('media', 'image')}" for c in search.CONFIGS]
     replays = replay(sorted(report.FINDINGS.glob("*.json")))
     out = report.write(a.report, result, version, replays)
     print(f"{result['stats']['programs']} programs, {len(result['found'])} rule(s) violated: "

@@ -2,8 +2,9 @@
 order `mlx_vlm.server.generation` makes the calls, plus the record of what each stored block holds.
 
 Per request (`ResponseGenerator.generate` then its GPU worker):
-  1. the APC salt: `apc.semantic_extra_hash(tenant=None, image_hash=hash_image_payload(pixel_values),
-     media={"audio": ..., "video": ...}, model=language_model, processor=processor)`;
+  1. the APC salt, computed by the server's own `ResponseGenerator.generate` (`server_salt`): today
+     `semantic_extra_hash(tenant=None, image_hash=hash_image_payload(pixel_values),
+     media={"audio": input_features, "video": pixel_values_videos}, model=language_model, processor=...)`;
   2. the batch generator's coordinator `.prepare_prefill(prompt tokens, prefill_step_size=...)` (the
      byte budget is enforced here, evicting idle blocks);
   3. `model.get_input_embeddings(input_ids, pixel_values, mask=..., image_grid_thw=...)`, its outputs
@@ -27,16 +28,59 @@ the block size, so short programs store checkpoints (default 16).
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
+import threading
+import types
 
 from targets.mlx_vlm import models
 
 BLOCK = 4
 
 
+class _Salt(Exception):
+    """Carries the queued request's salt out of `ResponseGenerator.generate`."""
+
+
+class _Queue:
+    def put(self, queued) -> None:
+        queued.rqueue.put(_Salt(queued.apc_semantic_hash))
+
+
+def server_module():
+    """`mlx_vlm.server.generation`, imported without running `mlx_vlm/server/__init__.py` (which loads the
+    HTTP app, mlx-audio and the hub client; generation.py itself needs none of them)."""
+    if "mlx_vlm.server.generation" not in sys.modules and "mlx_vlm.server" not in sys.modules:
+        import mlx_vlm
+        pkg = types.ModuleType("mlx_vlm.server")
+        pkg.__path__ = [os.path.join(os.path.dirname(mlx_vlm.__file__), "server")]
+        sys.modules["mlx_vlm.server"] = pkg
+    import mlx_vlm.server.generation as generation
+    return generation
+
+
+def server_salt(model, processor, raw: dict) -> int:
+    """The APC salt mlx-vlm's server gives a request with these preprocessed inputs: its own
+    `ResponseGenerator.generate` runs on a generator holding only what that method reads (a ready
+    flag, the model, its config, processor and an APC mode), with `raw` as the preprocessing's output and a queue
+    that hands back the queued request's `apc_semantic_hash` instead of serving it."""
+    g = server_module()
+    rg = object.__new__(g.ResponseGenerator)
+    rg._ready, rg._load_error = threading.Event(), None
+    rg._ready.set()
+    rg.model, rg.processor, rg.config, rg.draft_model, rg.apc_mode = model, processor, model.config, None, "block"
+    rg._preprocess_request = lambda *args, **kwargs: raw
+    rg.requests = _Queue()
+    try:
+        rg.generate("", args=g.GenerationArguments(max_tokens=1))
+    except _Salt as s:
+        return int(s.args[0])
+    raise RuntimeError("ResponseGenerator.generate queued no request")
+
+
 class ServerDriver:
     def __init__(self, arch: str = "qwen2_vl", block_size: int = BLOCK, num_blocks: int = 256, disk: bool = True,
-                 images=None, disk_path: str | None = None, image_kind: str = "random"):
+                 images=None, disk_path: str | None = None, image_kind: str = "random", media: str = "image"):
         os.environ["APC_DISK_MIN_FREE_RAM_GB"] = "0"
         os.environ["APC_EXACT_MIN_TOKENS"] = str(block_size)
         from mlx_vlm import apc
@@ -44,7 +88,7 @@ class ServerDriver:
         self.apc, self.arch = apc, arch
         self.model = models.load(arch)
         self.processor = models.Processor(arch)
-        self.images, self.image_kind = dict(images or {}), image_kind
+        self.images, self.image_kind, self.media = dict(images or {}), image_kind, media
         self.disk_path = disk_path or (tempfile.mkdtemp(prefix="mlxvlm-apc-") if disk else None)
         over = {"enabled": True, "block_size": block_size, "num_blocks": num_blocks, "memory_reserve_gb": 0,
                 "disk_enabled": bool(self.disk_path), "disk_path": self.disk_path or ""}
@@ -67,16 +111,11 @@ class ServerDriver:
 
     # ------------------------------------------------------------ one request
     def salt(self, raw) -> int:
-        pv = raw.get("pixel_values")
-        image_hash = self.apc.hash_image_payload(pixel_values=pv) if pv is not None else 0
-        return self.apc.semantic_extra_hash(tenant=None, image_hash=image_hash,
-                                            media={"audio": raw.get("input_features"),
-                                                   "video": raw.get("pixel_values_videos")},
-                                            model=self.model.language_model, processor=self.processor)
+        return server_salt(self.model, self.processor, raw)
 
     def start(self, keys) -> int:
         """Insert the request and run the generator's first step (its APC lookup); the resume offset."""
-        ids, raw = models.request(keys, self.processor, self.images, self.image_kind)
+        ids, raw = models.request(keys, self.processor, self.images, self.image_kind, self.media)
         self.keys, self.ids, self.extra = list(keys), ids, self.salt(raw)
         if self.gen.apc is not None:                    # the worker's admission step, before embedding
             self.gen.apc.prepare_prefill(len(ids), prefill_step_size=self.gen.prefill_step_size)

@@ -14,6 +14,20 @@ Invariants:
   `<|vision_start|>` then L - 1 image tokens, for an image of u x u(L - 1) pixels, u = 2 x patch (grid
   1 x 2 x 2(L-1): L - 1 tokens after the 2x2 merge). The image of a fold is the caller's (`images`), else random pixels
   made from the fold (`default_image`), so equal folds are equal images.
+- Videos (`media="video"`: every item of the run is a video; one request never mixes images and
+  videos, which both models' `get_input_embeddings` take one at a time): a video item of L positions
+  is a clip of grid (t, h, w) patches with t x h x w / 4 = its video tokens, through mlx-vlm's own
+  numpy `Qwen3VLVideoProcessor` (the one its Qwen-VL processors use): `VIDEO_SHAPES`. qwen2_vl: one
+  `<|vision_start|>` then L - 1 video tokens, as wide (2 frames, u x u(L-1)), long (2(L-1) frames of
+  u x u) or tall (2 frames, u(L-1) x u). qwen3_5 (one vision block per temporal group, as its
+  get_rope_index expects): wide or tall with t = 1, and for L = 4 "groups", 4 frames of u x u, ids
+  [vs, video, vs, video]. Random kind: the fold picks the shape, pixels seeded by it; solid kind:
+  the index-th video fold of a length takes shape index % len(shapes) in grey 100 + index // len(shapes)
+  (so the first folds of a length are one grey in different shapes: equal pixel_values_videos).
+- `gemma3` (a sliding-window layer, RotatingKVCache of WINDOW tokens, and a global KV layer: a windowed
+  layout, which APC stores as checkpoints) is driven with text-only programs (`media="none"`): its
+  image processor gives every image a fixed `mm_tokens_per_image`, which the programs' item lengths
+  (2-4 positions) do not fit.
 - Both language models attend causally over image tokens (no bidirectional image mask);
   the vision tower sees a whole image in one forward inside `get_input_embeddings`.
 """
@@ -31,6 +45,7 @@ SEED = 20261206
 VOCAB = 512
 TOKEN_BASE = 16                      # token key k -> id k + TOKEN_BASE (ids below 16 unused)
 VISION_START, IMAGE, VIDEO = 499, 500, 501
+WINDOW = 4                           # gemma3's sliding window here (tokens)
 EOS = 511
 CONFIG = dict(model_type="qwen2_vl", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
               num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=VOCAB,
@@ -55,7 +70,16 @@ QWEN35 = dict(model_type="qwen3_5", image_token_id=IMAGE, video_token_id=VIDEO, 
                                  out_hidden_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
                                  temporal_patch_size=2, num_position_embeddings=64, fullatt_block_indexes=[0],
                                  in_channels=3))
-ARCHS = {"qwen2_vl": CONFIG, "qwen3_5": QWEN35}     # layers: KV, KV | gated delta (ArraysCache), KV
+GEMMA3 = dict(model_type="gemma3", vocab_size=VOCAB, image_token_index=IMAGE, pad_token_id=0, hidden_size=64,
+              eos_token_id=[EOS],
+              text_config=dict(model_type="gemma3_text", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=VOCAB,
+                               query_pre_attn_scalar=16, sliding_window=WINDOW, sliding_window_pattern=2,
+                               mm_tokens_per_image=1, rms_norm_eps=1e-6, max_position_embeddings=4096),
+              vision_config=dict(model_type="siglip_vision_model", num_hidden_layers=1, hidden_size=32,
+                                 intermediate_size=64, num_attention_heads=2, patch_size=14, image_size=28))
+ARCHS = {"qwen2_vl": CONFIG, "qwen3_5": QWEN35, "gemma3": GEMMA3}
+# layers: KV, KV | gated delta (ArraysCache), KV | sliding window (RotatingKVCache, WINDOW), KV
 
 
 def patch(arch: str) -> int:
@@ -111,15 +135,49 @@ def load(arch: str = "qwen2_vl"):
 
 class Processor:
     """What BatchGenerator reads of a processor: `.tokenizer.stopping_criteria` (mlx-vlm's own class),
-    and the image processor."""
+    and the image and video processors."""
 
     def __init__(self, arch: str = "qwen2_vl"):
+        from mlx_vlm.models.qwen3_vl.processing_qwen3_vl import Qwen3VLVideoProcessor
         from mlx_vlm.utils import StoppingCriteria
         from transformers import Qwen2VLImageProcessor
         self.tokenizer = type("Tokenizer", (), {})()
         self.tokenizer.stopping_criteria = StoppingCriteria([EOS], None)
         self.image_processor = Qwen2VLImageProcessor(**image_processor_args(arch))
-        self.unit = unit(arch)
+        self.video_processor = Qwen3VLVideoProcessor(**image_processor_args(arch))
+        self.unit, self.arch = unit(arch), arch
+
+
+MEDIA = ("image", "video", "none")            # none: text-only programs (a media item is an error)
+VIDEO_SHAPES = {"qwen2_vl": ("wide", "long", "tall"), "qwen3_5": ("wide", "tall", "groups")}
+
+
+def video_shapes(arch: str, length: int) -> tuple:
+    """The shapes a video item of `length` positions can take on `arch` (module docstring)."""
+    return tuple(s for s in VIDEO_SHAPES[arch] if s != "groups" or length == 4)
+
+
+def video_layout(arch: str, length: int, shape: str, u: int) -> tuple:
+    """(ids of the item, (frames, height, width) of the clip) for a video item."""
+    n = length - 1
+    if shape == "groups":
+        return [VISION_START, VIDEO] * 2, (4, u, u)
+    frames, h, w = {"wide": (2, u, u * n), "long": (2 * n, u, u), "tall": (2, u * n, u)}[shape]
+    return [VISION_START] + [VIDEO] * n, (frames, h, w)
+
+
+def default_video(fold: int, length: int, arch: str, kind: str = "random", index: int = 0, u: int = 28) -> tuple:
+    """(shape, frames (T, H, W, 3) uint8) of a video fold with `length` positions."""
+    shapes = video_shapes(arch, length)
+    if kind == "solid":
+        shape = shapes[index % len(shapes)]
+        _, size = video_layout(arch, length, shape, u)
+        return shape, np.full(size + (3,), 100 + index // len(shapes), np.uint8)
+    if kind != "random":
+        raise ValueError(f"image kind {kind!r}: one of {IMAGE_KINDS}")
+    shape = shapes[(fold >> 8) % len(shapes)]
+    _, size = video_layout(arch, length, shape, u)
+    return shape, np.random.default_rng(fold & 0xFFFFFFFF).integers(0, 256, size + (3,), dtype=np.uint8)
 
 
 def items_of(keys) -> list:
@@ -158,46 +216,67 @@ def default_image(fold: int, length: int, kind: str = "random", index: int = 0, 
 
 
 class Image:
-    """An image the run assigned to a fold (its length kept, to number the folds of a length)."""
+    """An image (or, with `shape`, a video: frames) the run assigned to a fold (its length kept, to
+    number the folds of a length)."""
 
-    def __init__(self, pixels: np.ndarray, length: int):
-        self.pixels, self.length = pixels, length
+    def __init__(self, pixels: np.ndarray, length: int, shape: str | None = None):
+        self.pixels, self.length, self.shape = pixels, length, shape
 
 
 def solid(height: int, width: int, value: int = 200) -> np.ndarray:
     return np.full((height, width, 3), value, np.uint8)
 
 
-def request(keys, processor: Processor, images: dict | None = None, kind: str = "random"):
-    """(input ids, raw inputs) for a key stream, as the processor would give them."""
+def request(keys, processor: Processor, images: dict | None = None, kind: str = "random", media: str = "image"):
+    """(input ids, raw inputs) for a key stream, as the processor would give them; `media`: every item
+    is an image or every item is a video."""
     import mlx.core as mx
+    if media not in MEDIA:
+        raise ValueError(f"media {media!r}: one of {MEDIA}")
     keys = [int(k) for k in keys]
     ids = []
     for k in keys:
         if not k & FOLD_BIT and not 1 <= k < VISION_START - TOKEN_BASE:
             raise ValueError(f"token key {k} is outside [1, {VISION_START - TOKEN_BASE})")
         ids.append(k + TOKEN_BASE if not k & FOLD_BIT else None)
-    pics = []
+    pics, want = [], []
+    if media == "none" and items_of(keys):
+        raise ValueError(f"media items in a text-only run (media='none', {processor.arch})")
     for pos, end, fold in items_of(keys):
         if end - pos < 2:
             raise ValueError(f"media item [{pos}, {end}) has {end - pos} position(s): qwen2_vl needs 2 or more "
                              "(vision start and at least one image token)")
         if images is not None and fold not in images:          # a fold keeps its image for the run
             index = sum(1 for f, im in images.items() if getattr(im, "length", None) == end - pos)
-            images[fold] = Image(default_image(fold, end - pos, kind, index, processor.unit), end - pos)
-        img = images[fold] if images is not None else default_image(fold, end - pos, kind, u=processor.unit)
-        img = getattr(img, "pixels", img)
-        pics.append(img)
-        ids[pos:end] = [VISION_START] + [IMAGE] * (end - pos - 1)
+            if media == "video":
+                shape, frames = default_video(fold, end - pos, processor.arch, kind, index, processor.unit)
+                images[fold] = Image(frames, end - pos, shape)
+            else:
+                images[fold] = Image(default_image(fold, end - pos, kind, index, processor.unit), end - pos)
+        if media == "video":
+            if images is None:
+                shape, frames = default_video(fold, end - pos, processor.arch, kind, u=processor.unit)
+            img = images[fold] if images is not None else Image(frames, end - pos, shape)
+            item_ids, _ = video_layout(processor.arch, end - pos, img.shape, processor.unit)
+        else:
+            img = images[fold] if images is not None else default_image(fold, end - pos, kind, u=processor.unit)
+            item_ids = [VISION_START] + [IMAGE] * (end - pos - 1)
+        pics.append(getattr(img, "pixels", img))
+        want.append(sum(1 for t in item_ids if t != VISION_START))
+        ids[pos:end] = item_ids
     raw = {}
-    if pics:
+    if pics and media == "video":
+        out = processor.video_processor(videos=pics)
+        thw = out["video_grid_thw"]
+        raw = {"pixel_values_videos": mx.array(out["pixel_values_videos"]), "video_grid_thw": mx.array(thw)}
+    elif pics:
         out = processor.image_processor(images=pics, return_tensors="np")
         thw = out["image_grid_thw"]
-        want = [end - pos - 1 for pos, end, _ in items_of(keys)]
+        raw = {"pixel_values": mx.array(out["pixel_values"]), "image_grid_thw": mx.array(thw)}
+    if pics:
         got = [int(np.prod(t)) // 4 for t in thw]
         if got != want:
-            raise ValueError(f"images give {got} placeholder tokens, the key stream has {want}")
-        raw = {"pixel_values": mx.array(out["pixel_values"]), "image_grid_thw": mx.array(thw)}
+            raise ValueError(f"{media}s give {got} placeholder tokens, the key stream has {want}")
     raw["input_ids"] = mx.array([ids])
     raw["attention_mask"] = mx.ones((1, len(ids)), dtype=mx.int32)
     return ids, raw

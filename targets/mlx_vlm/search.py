@@ -50,14 +50,16 @@ def shrink(ops: list, config: dict, rule: str) -> list:
     return [op for u in units for op in u]
 
 
-CONFIGS = tuple({"arch": a, "image_kind": k} for a in ("qwen2_vl", "qwen3_5") for k in ("random", "solid"))
+CONFIGS = tuple({"arch": a, "image_kind": k, "media": m} for m in ("image", "video")
+                for a in ("qwen2_vl", "qwen3_5") for k in ("random", "solid")) + \
+    ({"arch": "gemma3", "image_kind": "random", "media": "none"},)        # windowed: text-only programs
 
 
 def hunt(minutes: float, seed: int = 0, configs=CONFIGS, log=print) -> dict:
     """Programs until `minutes` pass, round-robin over `configs`; returns {"found": {rule: the first
     violating program, shrunk}, "stats": counts of programs and operations run}."""
     t0, found, stats = time.monotonic(), {}, {"programs": 0, "ops": 0, "errors": []}
-    gens = [random_programs(seed) for _ in configs]
+    gens = [random_programs(seed, media=c.get("media") != "none") for c in configs]
     while time.monotonic() - t0 < minutes * 60:
         for config, gen in zip(configs, gens):
             ops = next(gen)

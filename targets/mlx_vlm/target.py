@@ -29,10 +29,11 @@ NOT_APPLICABLE = {
           "that resumes below it; what a restored checkpoint holds is judged as C1 (content)",
     "S3": "a checkpoint holds every layer (one snapshot of the whole prompt cache); blocks are KV only",
     "S4": "blocks are never split: a node's edge is always one block",
-    "M1": "mlx-vlm's language models attend causally over image tokens (no bidirectional image mask); the "
-          "vision tower sees a whole image in one forward in get_input_embeddings, not in prefill chunks",
-    "M2": "blocks end inside image runs, harmlessly: the image tokens are causal in the language model, and "
-          "no restore ends inside or before an item (M3, judged on every item)",
+    "M1": "mlx-vlm's language models attend causally over image and video tokens (no bidirectional mask); "
+          "the vision tower sees a whole image or clip in one forward in get_input_embeddings, not in prefill "
+          "chunks",
+    "M2": "blocks end inside image and video runs, harmlessly: their tokens are causal in the language model, "
+          "and no restore ends inside or before an item (M3, judged on every item)",
     "P1": "no resume inside an edge: lookups match whole blocks",
     "P2": "no compaction: blocks stay block-sized",
     "G1": "no merges",

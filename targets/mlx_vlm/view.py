@@ -9,21 +9,27 @@ Mapping (invariants):
   media hash) show as one node whose snapshots' bytes add up both copies'.
 - Each node has one KV snapshot per language-model layer over its edge: `bytes` is the memory block's
   K and V `nbytes` for that layer (0 for a block held on disk only), `content` its recorded keys.
-- Checkpoints (APC's mode for models with recurrent layers: whole prompt-cache snapshots, in memory
-  `_exact_cache` or on disk) are nodes of a compressed trie of their recorded contents (plus branch
-  points, without state): KV layers [0, end) (a full copy), recurrent layers at end; bytes from the
-  memory copy, 0 on disk only.
+- Checkpoints (APC's mode for models with recurrent or windowed layers: whole prompt-cache snapshots,
+  in memory `_exact_cache` or on disk) are nodes of a compressed trie of their recorded contents (plus
+  branch points, without state): KV layers [0, end) (a full copy), recurrent layers at end, windowed
+  layers (RotatingKVCache) at end holding the last `max_size` keys; bytes from the memory copy, 0 on
+  disk only.
 - `counter` is `APCManager.resident_bytes()`, `budget` its `memory_max_bytes`.
 - At rest the active path is the root, offset 0, no live content. While a request is open (after
   begin) the request shows its keys, its media items as spans (every item: mlx-vlm promises never to
   resume inside one), matched (the longest common prefix of its keys with a node's key path, capped at
   len - 1) and resume (the prefix length the generator's own lookup returned); the live offset is the
-  resume and every layer's live content is what the restored blocks hold (their records).
+  resume and every layer's live content is what the restored blocks hold (their records; a windowed
+  layer: their last `window` keys).
 """
 from __future__ import annotations
 
-from spec.trie import common_prefix
+from spec.trie import WINDOWED, Layer, common_prefix, state_content
 from spec.view import View
+
+
+def as_layer(layer: dict) -> Layer:
+    return Layer(layer["kind"], layer["cost"], layer["window"])
 
 
 def nodes_of(d) -> list:
@@ -62,10 +68,19 @@ def nodes_of(d) -> list:
     return list(nodes.values())
 
 
-def kinds(d) -> list:
+def layers_of(d) -> list:
+    """One spec layer per language-model layer: ArraysCache recurrent, RotatingKVCache windowed (its
+    max_size), anything else KV."""
     lm = d.model.language_model if hasattr(d.model, "language_model") else d.model
     made = lm.make_cache() if hasattr(lm, "make_cache") else [None] * len(d.model.layers)
-    return ["recurrent" if type(c).__name__ == "ArraysCache" else "kv" for c in made]
+    out = []
+    for c in made:
+        name = type(c).__name__
+        if name == "RotatingKVCache":
+            out.append({"kind": WINDOWED, "cost": 1, "window": int(c.max_size)})
+        else:
+            out.append({"kind": "recurrent" if name == "ArraysCache" else "kv", "cost": 1, "window": 0})
+    return out
 
 
 def checkpoint_nodes(d) -> list:
@@ -90,25 +105,27 @@ def checkpoint_nodes(d) -> list:
     for path in kept:
         start = max([len(q) for q in kept if len(q) < len(path) and path[:len(q)] == q] + [0])
         snaps = []
-        for i, kind in enumerate(kinds(d)):
+        for i, layer in enumerate(layers_of(d)):
             size = sum(int(mem[e].prompt_cache[i].nbytes) for e in held.get(path, ()) if e in mem)
             if path in held:
+                kind = layer["kind"]
                 snaps.append({"layer": i, "kind": kind, "start": 0 if kind == "kv" else len(path), "end": len(path),
-                              "bytes": size, "content": list(path)})
+                              "bytes": size, "content": list(state_content(as_layer(layer), path))})
         out.append({"keys": list(path), "start": start, "user": False, "last_used": 0, "snaps": snaps})
     return out
 
 
 def view_of(d, request: dict | None = None) -> View:
-    layers = [{"kind": k, "cost": 1, "window": 0} for k in kinds(d)]
+    layers = layers_of(d)
     nodes = nodes_of(d)
     nodes += [n for n in checkpoint_nodes(d) if n["keys"] and tuple(n["keys"]) not in {tuple(m["keys"]) for m in nodes}]
     raw = {"layers": layers, "nodes": nodes, "path": [[]], "offset": 0, "seq": [], "live": [None] * len(layers),
            "counter": int(d.manager.resident_bytes()), "budget": int(d.manager.memory_max_bytes)}
     if request is not None:
         keys, resume = request["keys"], request["resume"]
-        live = list(request["live"])
-        raw.update(offset=resume, seq=list(keys[:resume]), live=[live] * len(layers),
+        live = tuple(request["live"])
+        raw.update(offset=resume, seq=list(keys[:resume]),
+                   live=[list(state_content(as_layer(layer), live)) for layer in layers],
                    request={"keys": list(keys), "spans": [list(s) for s in request["spans"]],
                             "matched": request["matched"], "resume": resume, "schedule": [],
                             "prefilled": request.get("prefilled", False)})

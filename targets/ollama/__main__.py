@@ -30,7 +30,7 @@ from pathlib import Path
 
 from targets.ollama.build import BuildError, build, build_fixture
 from targets.ollama.gotest import export
-from targets.ollama.target import LAYOUTS, LAZY_LAYOUTS, HarnessCrash, HarnessTarget, TargetPanic
+from targets.ollama.target import DRAFT_LAYOUTS, LAYOUTS, LAZY_LAYOUTS, HarnessCrash, HarnessTarget, TargetPanic
 
 def causes(target, c) -> dict:
     """rule -> its cause in this campaign's program (targets/ollama/cause.py: read from the program's own run,
@@ -49,7 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--report", default="ollama-report")
     ap.add_argument("--layouts", default=",".join(LAYOUTS),
                     help=f"comma-separated, of {', '.join(LAYOUTS)}; on an Ollama checkout also their -lazy variants "
-                         "(KV snapshots as lazy views of the live rows, as Ollama's KVCache makes them)")
+                         "(KV snapshots as lazy views of the live rows, as Ollama's KVCache makes them) and their "
+                         "-draft variants (a draft KV cache with one token of look-ahead, as with an MTP draft head)")
     ap.add_argument("--fixture", action="store_true", help="run our own Go fixture, not Ollama (CI)")
     ap.add_argument("--pyside", choices=("impl", "spec"),
                     help="no Go: run the same machine on our impl or spec (a check of the machine itself)")
@@ -68,13 +69,24 @@ def main(argv=None) -> int:
         return 2
     from targets.report import campaign, write
     layouts = [x for x in a.layouts.split(",") if x]
-    known = LAYOUTS if a.fixture or a.pyside else LAYOUTS + LAZY_LAYOUTS
+    known = LAYOUTS if a.fixture or a.pyside else LAYOUTS + LAZY_LAYOUTS + DRAFT_LAYOUTS
     bad = [x for x in layouts if x not in known]
     if bad:
         print(f"check-ollama: unknown layout {bad[0]} (known{' here' if known == LAYOUTS else ''}: "
               f"{', '.join(known)})", file=sys.stderr)
         return 2
     report = Path(a.report)
+    if not (a.fixture or a.pyside) and any(x in DRAFT_LAYOUTS for x in layouts):
+        from targets.ollama.build import check_checkout, draft_supported
+        try:
+            if not draft_supported(check_checkout(a.src) / "x/mlxrunner"):
+                print(f"check-ollama: {a.src} has no draft look-ahead (prefixCache.draftLookahead, speculate.go's "
+                      "scheduleSpeculation and commitSpeculation): the -draft layouts need a newer x/mlxrunner",
+                      file=sys.stderr)
+                return 2
+        except BuildError as e:
+            print(f"check-ollama: {e}", file=sys.stderr)
+            return 2
     if a.pyside:
         from targets.ollama.pyside import Resettable
         target = Resettable(a.pyside)
@@ -112,8 +124,14 @@ def main(argv=None) -> int:
     finally:
         target.shutdown()
     found = {} if ours else causes(target, c)
+    draft = [x for x in layouts if x in DRAFT_LAYOUTS]
+    extra = "" if not draft else (
+        f"On the -draft layouts ({', '.join(draft)}) the views' keys are the token pairs Ollama's trie keys pack "
+        "(a violation prints a pair key as m<its look-ahead token, last 16 bits in hex>), and every rule the "
+        "other layouts judge is judged there too; " + "; ".join(
+            f"{r} is {why}" for r, why in HarnessTarget.DRAFT_PARTIAL_WHY.items()) + ".")
     path = write(report, c, explain=None if ours else (lambda rule, layout: found.get(rule)),
-                 exporter=None if ours else export)
+                 exporter=None if ours else export, extra=extra)
     if found:   # the causes are read from this checkout's run (cause.py), not quoted from fb30760
         path.write_text(path.read_text().replace(
             "*Why (the cause at Ollama fb30760, the stored copy; check it on other commits):*",

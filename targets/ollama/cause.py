@@ -43,9 +43,11 @@ def trace(target, ops: list) -> list:
         wire = dict(op, keys=after.request.keys) if name == "begin" and after.request else op
         found = {}
         if name != "reset":
-            for v in check_view(after) + check_op(before, as_op(wire, target.outcome), after, target.merges):
+            partial = getattr(target, "PARTIAL", None)
+            for v in check_view(after, partial=partial) + check_op(before, as_op(wire, target.outcome), after,
+                                                                   target.merges):
                 found.setdefault(v.rule, str(v))
-        out.append(Step(i, wire, before, after, list(target.merges), found))
+        out.append(Step(i, op, before, after, list(target.merges), found))   # shown as the program has it
         before = after
     return out
 

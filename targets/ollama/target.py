@@ -13,9 +13,11 @@ Invariants:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
+from types import MappingProxyType
 
 from spec.view import View
 from targets.viewcheck import view_of
@@ -26,10 +28,18 @@ LAYOUTS = ("transformer", "sliding", "recurrent", "stateless", "hybrid")
 # The same layouts with the KV fakes' snapshots made lazy views of the live rows, as Ollama's KVCache
 # makes them (harness/driver_test.go): the byte counter then moves through the materialise hooks.
 LAZY_LAYOUTS = tuple(f"{name}-lazy" for name in LAYOUTS)
+# The same layouts plus a draft KV cache with one token of look-ahead (harness/draft_test.go), as Ollama's runner
+# builds them for a model with an MTP draft head: trie keys pack token pairs, and the views show those pairs.
+DRAFT_LAYOUTS = tuple(f"{name}-draft" for name in LAYOUTS)
 
 
 def wire_key(k: int) -> int:
     return k if k < FOLD else FOLD | (k & (FOLD - 1))
+
+
+def without_nodes(v: View) -> View:
+    """The view with the root alone in its trie (what M2's capture clause reads: the open request)."""
+    return dataclasses.replace(v, nodes=MappingProxyType({(): v.root}), path=((),))
 
 
 class TargetPanic(Exception):
@@ -54,17 +64,37 @@ class HarnessTarget:
         "R1": "runner processes, not the prefix cache",
     }
 
+    # On a "-draft" layout the trie keys pack (token i, token i+1): two streams sharing a non-causal item and
+    # differing in the token right after it branch at the item's last slot, strictly inside it. M2 is judged there
+    # on its capture clause alone: its predicate on the view without the nodes (PARTIAL, set per layout).
+    DRAFT_PARTIAL_WHY = {
+        "M2": "judged on its capture clause only (scheduled captures): with pair keys, streams that share a "
+              "non-causal item and differ right after it branch at the item's last slot, a split the keys force "
+              "(KV halves of rows the whole item wrote, no capture), which the node clause would read as a "
+              "capture inside the item; M3 still keeps resumes out",
+    }
+
     wire = staticmethod(wire_key)
 
     def __init__(self, exe, layout: str = "recurrent", budget: int = 1 << 40, interval: int = 8,
                  near_end: int = 4, chunk: int = 8, name: str = "ollama"):
         self.exe, self.name = str(exe), name
         self.config = dict(layout=layout, budget=budget, interval=interval, near_end=near_end, chunk=chunk)
+        self._partial_for(layout)
         self.proc = None
         self.sent: list = []          # operations since the last reset (what a crash report keeps)
         self.raw: dict | None = None
         self.merges: list = []
         self.steps = 0                # operations answered, for throughput figures
+
+    def _partial_for(self, layout: str) -> None:
+        """PARTIAL of this layout: on a -draft one, M2 is judged on the view without its nodes."""
+        self.PARTIAL = {"M2": without_nodes} if "-draft" in layout else None
+
+    @property
+    def pairs(self) -> bool:
+        """The views' keys are token pairs (a "-draft" layout): their trie shape is not the spec's."""
+        return "-draft" in self.config["layout"]
 
     # ------------------------------------------------------------- process
     def _start(self) -> None:
@@ -102,6 +132,7 @@ class HarnessTarget:
     # ------------------------------------------------------------- Target
     def reset(self, **config) -> None:
         self.config.update(config)
+        self._partial_for(self.config["layout"])
         self.sent = []
         self._send(dict(op="reset", cost=COST, **self.config))
 

@@ -1,6 +1,7 @@
-"""`./dev check-sglang [--cache full|swa|mamba|unified] [--minutes N] [--report DIR] [--src PATH | --release V]
-[--fixture FAULT]`
+"""`./dev check-sglang [--cache full|swa|req|mamba|unified] [--eagle] [--minutes N] [--report DIR]
+[--src PATH | --release V] [--fixture FAULT]`
 `./dev check-sglang --replay P.json [...] --releases V1,V2,... | --srcs PATH1,PATH2,...`
+`./dev check-sglang --export targets/sglang/findings/*.json --report DIR`
 
 check: runs the rule machines against SGLang's RadixCache for N minutes (default 10) and writes
 DIR/report.md (default reports/sglang): per violated rule its meaning, the SGLang function
@@ -51,6 +52,14 @@ def make_target(a):
     if a.cache in ("mamba", "unified"):
         from targets.sglang.hybrid_cli import make_hybrid
         return make_hybrid(a, release_dir)
+    if a.cache == "req":
+        from targets.sglang import engine
+        from targets.sglang.reqcalls import ReqTarget
+        src = a.src or (str(release_dir(a.release)) if a.release else None)
+        api = engine.load(src)
+        return ReqTarget(api, page_size=a.page_size, eagle=a.eagle), \
+            f"sglang {engine.version(api)} RadixCache via cache_*_req" + (", EAGLE bigram keys" if a.eagle else "") + \
+            (f", page size {a.page_size}" if a.page_size > 1 else "")
     if a.cache == "swa":
         from targets.sglang.swa import SwaTarget
         if a.fixture:
@@ -60,7 +69,12 @@ def make_target(a):
         from targets.sglang.swa import load_swa
         src = a.src or (str(release_dir(a.release)) if a.release else None)
         api = load_swa(src)
-        return SwaTarget(api), f"sglang {engine.version(engine.load(src))} SWARadixCache"
+        what = f"sglang {engine.version(engine.load(src))} SWARadixCache"
+        if a.eagle or a.page_size > 1:
+            from targets.sglang.swa_eagle import SwaPagedTarget
+            return SwaPagedTarget(api, page_size=a.page_size, eagle=a.eagle), what + \
+                (", EAGLE bigram keys" if a.eagle else "") + (f", page size {a.page_size}" if a.page_size > 1 else "")
+        return SwaTarget(api), what
     if a.fixture:
         from targets.sglang.fixture import FakeApi
         return SglangTarget(FakeApi(None if a.fixture == "none" else a.fixture), page_size=a.page_size), \
@@ -82,7 +96,9 @@ def check(a) -> int:
     print(f"check-sglang: {what}; {a.minutes} min", flush=True)
     c = machine.campaign(target, a.minutes, log=lambda s: print(s, flush=True))
     out = report.write(Path(a.report), c, what, " ".join(sys.argv[1:]), target.page_size, swa=a.cache == "swa",
-                       rules_of=a.cache if a.cache in ("mamba", "unified") else "")
+                       rules_of=a.cache if a.cache in ("mamba", "unified") else "",
+                       target=None if a.cache in ("mamba", "unified") else
+                       target if a.cache == "req" or hasattr(target, "eagle") else None)
     print(f"{len(c.findings)} rule violations, {sum(n for n, _ in c.policy.values())} policy differences "
           f"({len(c.policy)} kinds); {c.steps / max(c.seconds, 1e-9):.0f} steps/s; report: {out}")
     return 1 if c.findings else 0
@@ -113,7 +129,7 @@ def replay(a) -> int:
     last = {}
     for flag, val in points:
         cmd = [sys.executable, "-m", "targets.sglang", "--replay-one", *a.replay, "--page-size", str(a.page_size),
-               "--cache", a.cache] + \
+               "--cache", a.cache] + (["--eagle"] if a.eagle else []) + \
             ([flag, val] if flag else [])
         r = subprocess.run(cmd, capture_output=True, text=True)
         line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -136,27 +152,48 @@ def replay(a) -> int:
     return 1 if any(last.values()) else 0
 
 
+def export_findings(a) -> int:
+    """Each saved finding (targets/sglang/findings/*.json) as a pytest module under --report."""
+    from targets.sglang import export_req, export_swa
+    out = Path(a.report)
+    out.mkdir(parents=True, exist_ok=True)
+    for p in a.export:
+        rec = json.loads(Path(p).read_text())
+        ex = export_swa if rec["cache"] == "swa" else export_req
+        text = ex.export(rec["rule"], f"sglang {rec['found_on']}", rec["message"], rec["ops"], rec["page_size"],
+                         eagle=rec.get("eagle", False))
+        (out / f"test_{Path(p).stem.lower().replace('-', '_')}.py").write_text(text)
+        print(out / f"test_{Path(p).stem.lower().replace('-', '_')}.py")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="check-sglang")
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--report", default="reports/sglang")
     ap.add_argument("--src", default=os.environ.get("SGLANG_SRC", ""))
     ap.add_argument("--release", default="")
-    ap.add_argument("--cache", choices=("full", "swa", "mamba", "unified"), default="full",
+    ap.add_argument("--cache", choices=("full", "swa", "req", "mamba", "unified"), default="full",
                     help="full: RadixCache; swa: SWARadixCache (releases 0.4.10-0.5.20) with a window of 4; "
+                    "req: RadixCache through its own cache_unfinished_req / cache_finished_req; "
                     "mamba: MambaRadixCache (0.5.6-0.5.20); unified: UnifiedRadixCache (0.5.15 on), "
                     "targets/sglang/hybrid_cli.py")
+    ap.add_argument("--eagle", action="store_true", help="with --cache req (0.5.3 on) or swa (0.5.4 on): EAGLE bigram keys")
     ap.add_argument("--page-size", type=int, default=1, help="the radix cache's page size (default 1)")
     ap.add_argument("--fixture", default="", help="none | a fault of targets/sglang/fixture.py (fixture_swa.py "
                     "with --cache swa)")
     ap.add_argument("--replay", nargs="+", metavar="PROGRAM")
     ap.add_argument("--replay-one", nargs="+", metavar="PROGRAM", help=argparse.SUPPRESS)
+    ap.add_argument("--export", nargs="+", metavar="FINDING", help="saved findings (targets/sglang/findings/"
+                    "*.json) -> pytest modules against SGLang's API under --report")
     ap.add_argument("--srcs", default="", help="comma-separated checkouts, oldest first (--replay)")
     ap.add_argument("--releases", default="", help="comma-separated PyPI releases, oldest first (--replay)")
     a = ap.parse_args(argv)
     if a.replay_one:
         a.replay = a.replay_one
         return replay_one(a)
+    if a.export:
+        return export_findings(a)
     try:
         if a.replay:
             return replay(a)

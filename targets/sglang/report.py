@@ -16,10 +16,14 @@ from targets.sglang.export import export
 from targets.sglang import rules as full_rules
 
 
-def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False, rules_of: str = "") -> Path:
+def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False, target=None,
+          rules_of: str = "") -> Path:
     """`swa`: the rules and causes of targets.sglang.rules_swa; no pytest export (the exported test
-    drives RadixCache only): the program replays with `--cache swa --replay`. `rules_of` ("mamba",
-    "unified"): those of targets.sglang.rules_<rules_of>, no pytest export either."""
+    drives RadixCache only): the program replays with `--cache swa --replay`. `target`: a
+    targets.sglang.reqcalls.ReqTarget (`--cache req`) or swa_eagle.SwaPagedTarget (`--cache swa
+    --eagle` / `--page-size`): its rules, and the export of targets.sglang.export_req / export_swa.
+    `rules_of` ("mamba", "unified"): the rules of targets.sglang.rules_<rules_of>, no pytest export
+    (the programs replay with `--cache mamba|unified --replay`)."""
     if rules_of:
         import importlib
         rules = importlib.import_module(f"targets.sglang.rules_{rules_of}")
@@ -29,6 +33,8 @@ def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False, 
     else:
         rules = full_rules
     RULES, NOT_APPLICABLE, CAUSES = rules.RULES, rules.NOT_APPLICABLE, rules.CAUSES
+    if target is not None:
+        RULES, NOT_APPLICABLE = target.RULES, target.NOT_APPLICABLE
     d = Path(d)
     (d / "programs").mkdir(parents=True, exist_ok=True)
     rate = c.steps / c.seconds if c.seconds else 0.0
@@ -53,11 +59,18 @@ def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False, 
                f"Found after {f.seconds:.1f} s; shrunk to {f.length} operations (`programs/{rule}.json`; "
                f"`./dev check-sglang --replay programs/{rule}.json --releases A,B,...` names the first release "
                "where it stops):", "", "```", program_text(f.ops), "```", ""]
-        if swa:
+        if swa and target is None:
             continue
-        (d / "programs" / f"test_{rule.lower()}_sglang.py").write_text(export(rule, what, f.message, f.ops, page_size))
+        if target is not None:
+            from targets.sglang.export_req import export as export_req
+            from targets.sglang.export_swa import export as export_swa
+            text = (export_swa if swa else export_req)(rule, what, f.message, f.ops, page_size, eagle=target.eagle)
+        else:
+            text = export(rule, what, f.message, f.ops, page_size)
+        (d / "programs" / f"test_{rule.lower()}_sglang.py").write_text(text)
         md += [f"As a pytest test against SGLang's public API (`programs/test_{rule.lower()}_sglang.py`; it checks "
-               "S1, C1, C2, A1 and A2 on the tree after every operation; other rules: replay the program).", ""]
+               + ("S1, A1 and A2 (leaks included)" if target is not None else "S1, C1, C2, A1 and A2") +
+               " on the tree after every operation; other rules: replay the program).", ""]
     md += ["## Policy differences (spec vs SGLang, no rule broken)", "",
            "| kind | operations | first example |", "|---|---|---|"]
     for kind, (n, ex) in sorted(c.policy.items()):

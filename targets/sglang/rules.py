@@ -34,6 +34,13 @@ PAGED = {
     "T2": "page_size > 1: children are keyed by their first page; siblings may share a first token",
 }
 
+# with EAGLE bigram keys (is_eagle, 0.5.3 on; targets.sglang.reqcalls) the view's keys are SGLang's
+# bigrams, so the rules read them as token keys; only C2 is set aside
+EAGLE = {
+    "C2": "EAGLE bigram keys: C2 reads the begin's token keys while the view's paths are bigrams (a match "
+          "needs the token after its last position, so it stops one token short of the token prefix by design)",
+}
+
 # rule -> (SGLang function responsible, what it does wrong when the rule breaks)
 CAUSES = {
     "T1": ("RadixCache._split_node / _insert_helper", "a node's key, parent link or offsets do not agree"),

@@ -35,3 +35,11 @@ CAUSES = {
     "C1": ("SWARadixCache.match_prefix / cache_unfinished_req",
            "a hit serves KV or SWA slots written for another prefix (or released)"),
 }
+
+# with EAGLE bigram keys (targets.sglang.swa_eagle) the view's paths are SGLang's bigram keys while the
+# pool tags KV and SWA slots with token prefixes: only the rules that read no slot content are judged
+EAGLE_RULES = frozenset({"T1", "E1", "E2", "E4", "A1", "A2"})
+_EAGLE_WHY = ("EAGLE bigram keys on the SWA cache: the view's paths are bigrams and its KV/SWA contents "
+              "token prefixes, so content and shape rules are judged without --eagle only")
+EAGLE_NOT_APPLICABLE = {**NOT_APPLICABLE, **{r: _EAGLE_WHY for r in RULES - EAGLE_RULES}}
+assert set(EAGLE_NOT_APPLICABLE) | EAGLE_RULES == set(ALL_RULES)

@@ -132,7 +132,7 @@ def test_bug_load_not_under_the_lock_is_caught(monkeypatch):
             if self._closed:
                 raise ClientClosed("closed")
         checked.set()
-        closed_done.wait(10)
+        closed_done.wait(60)
         self._state = NEW   # the bug also skipped R1's state check
         with self._lock:
             self._closed_seen = self._closed
@@ -145,6 +145,8 @@ def test_bug_load_not_under_the_lock_is_caught(monkeypatch):
         return {}
 
     def run(load_impl):
+        checked.clear()
+        closed_done.clear()     # the real run sets it: left set, the planted load would not wait for close
         c = RunnerClient("fake-a", engine=FAKE_ENGINE, load_timeout=30)
         if load_impl is not None:
             monkeypatch.setattr(RunnerClient, "load", load_impl)
@@ -154,7 +156,8 @@ def test_bug_load_not_under_the_lock_is_caught(monkeypatch):
         checked.wait(10) if load_impl is not None else time.sleep(0.05)
         c.close()
         closed_done.set()
-        t.join(10)
+        t.join(60)
+        assert not t.is_alive(), "load did not return within 60 s"
         orphan = c.pid is not None and c.alive()
         ok = no_orphan_after_close(True, orphan)
         if c._proc is not None and c._proc.poll() is None:

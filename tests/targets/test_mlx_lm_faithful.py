@@ -18,12 +18,13 @@ import traceback
 import pytest
 
 from targets.mlx_lm import models
-from targets.mlx_lm.adapter import ServerDriver
+from targets.mlx_lm.adapter import MODEL_KEY, ServerDriver, _offset
 
 server = pytest.importorskip("mlx_lm.server")
 from mlx_lm.models.cache import LRUPromptCache  # noqa: E402
 
 ROLE = {"system": 101, "user": 102, "assistant": 103}
+NUM_DRAFT = 3                 # tokens the draft model proposes per step (the request's num_draft_tokens)
 GEN_PROMPT, END = 104, 105
 
 
@@ -95,15 +96,19 @@ class RecordingCache(LRUPromptCache):
 
 
 class StubProvider:
-    def __init__(self, model, size, nbytes):
+    """The server's flags --kv-bits, --quantized-kv-start and --draft-model come as `flags` (the
+    adapter's keyword names); batchable as ModelProvider._load decides: no draft model, every cache
+    mergeable."""
+    def __init__(self, model, size, nbytes, kv_bits=None, quantized_kv_start=0, draft=None):
         self.cli_args = argparse.Namespace(
             prompt_cache_size=size, prompt_cache_bytes=nbytes, decode_concurrency=32, prompt_concurrency=8,
-            prefill_step_size=2048, kv_bits=None, kv_group_size=64, quantized_kv_start=0,
+            prefill_step_size=2048, kv_bits=kv_bits, kv_group_size=64, quantized_kv_start=quantized_kv_start,
             chat_template_args={}, pipeline=False)
         self.model, self.tokenizer = model, StubTokenizer()
         self.model_key = ("default_model", None, None)
-        self.processor = self.draft_model = None
-        self.is_batchable = models.server_path(model) == "batched"
+        self.processor = None
+        self.draft_model = None if draft is None else models.build(draft)
+        self.is_batchable = draft is None and models.server_path(model) == "batched"
 
     def load_default(self):
         pass
@@ -115,12 +120,12 @@ class StubProvider:
         return self.model, self.tokenizer
 
 
-def args(max_tokens, seed=None):
+def args(max_tokens, seed=None, num_draft_tokens=0):
     return server.GenerationArguments(
         model=server.ModelDescription(model="default_model", draft=None, adapter=None),
         sampling=server.SamplingArguments(0.0, 1.0, 0, 0.0, 0.0, 0.0),
         logits=server.LogitsProcessorArguments(None, 0.0, 20, 0.0, 20, 0.0, 20),
-        stop_words=[], max_tokens=max_tokens, num_draft_tokens=0, logprobs=False, top_logprobs=0,
+        stop_words=[], max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, logprobs=False, top_logprobs=0,
         seed=seed, chat_template_kwargs=None)
 
 
@@ -151,11 +156,13 @@ REQUESTS = [
 ]
 
 
-def serve(name, size, nbytes):
+def serve(name, size, nbytes, flags=None):
     """mlx_lm.server's ResponseGenerator over REQUESTS: what it served, and its cache calls."""
+    flags = flags or {}
     model = models.build(name)
     cache = RecordingCache(size)                           # as server.run builds it
-    rg = server.ResponseGenerator(StubProvider(model, size, nbytes), cache)
+    rg = server.ResponseGenerator(StubProvider(model, size, nbytes, **flags), cache)
+    num_draft = NUM_DRAFT if "draft" in flags else 0
     served = []
     try:
         for kind, payload, max_tokens, seed in REQUESTS:
@@ -168,27 +175,41 @@ def serve(name, size, nbytes):
                 prompt = StubTokenizer().apply_chat_template(msgs, add_generation_prompt=True)
                 chat = True
                 sys_len = system_end(msgs, prompt)
-            _, stream = rg.generate(req, args(max_tokens, seed))
+            _, stream = rg.generate(req, args(max_tokens, seed, num_draft))
             gen = [r.token for r in stream]
             served.append((prompt, gen, chat, sys_len, seed))
     finally:
         rg.stop_and_join()
-    return served, cache.calls
+    return served, cache.calls, stored(cache)
 
 
-def _serve_in_child(conn, name, size, nbytes):
+def stored(lru) -> dict:
+    """key -> (cache class names, offsets) of every entry an LRUPromptCache holds (its trie, read-only)."""
+    out, stack = {}, [((), lru._trie._trie.get(MODEL_KEY, {}))]
+    while stack:
+        keys, node = stack.pop()
+        for tok, child in node.items():
+            if tok == "__value__":
+                out[keys] = (tuple(type(c).__name__ for c in child.prompt_cache),
+                             tuple(_offset(c) for c in child.prompt_cache))
+            else:
+                stack.append((keys + (tok,), child))
+    return out
+
+
+def _serve_in_child(conn, name, size, nbytes, flags):
     try:
-        conn.send(("ok", serve(name, size, nbytes)))
+        conn.send(("ok", serve(name, size, nbytes, flags)))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
     conn.close()
     os._exit(0)       # no teardown: the ended generation thread's arrays are never freed (see above)
 
 
-def serve_in_child(name, size, nbytes, timeout=120):
+def serve_in_child(name, size, nbytes, flags=None, timeout=120):
     ctx = multiprocessing.get_context("spawn")
     mine, theirs = ctx.Pipe()
-    child = ctx.Process(target=_serve_in_child, args=(theirs, name, size, nbytes))
+    child = ctx.Process(target=_serve_in_child, args=(theirs, name, size, nbytes, flags))
     child.start()
     try:
         assert mine.poll(timeout), f"mlx_lm.server's child sent nothing in {timeout} s"
@@ -206,7 +227,7 @@ def serve_in_child(name, size, nbytes, timeout=120):
 def test_server_and_adapter_make_the_same_cache_calls(name, size, nbytes):
     """Both paths: the seeded requests (and every request on llama4, whose ChunkedKVCache cannot merge)
     go through _serve_single, the others through the batch; the adapter chooses the same."""
-    served, calls = serve_in_child(name, size, nbytes)
+    served, calls, _ = serve_in_child(name, size, nbytes)
     driver = ServerDriver(name, size, nbytes)
     paths = [driver.request(prompt, gen, chat=chat, sys_len=sys_len, seed=seed).path
              for prompt, gen, chat, sys_len, seed in served]
@@ -218,3 +239,22 @@ def test_server_and_adapter_make_the_same_cache_calls(name, size, nbytes):
     assert {"batched", "sequential"} == set(paths)
     assert {"system", "user", "assistant"} <= kinds                 # every segment type was exercised
     assert (nbytes is not None) == any(c[0] == "trim_to" for c in calls)
+
+
+@pytest.mark.parametrize("name,flags", [("llama_q", {"kv_bits": 8, "quantized_kv_start": 0}),
+                                        ("llama", {"draft": "llama_draft"})])
+def test_sequential_path_with_kv_bits_or_a_draft_model(name, flags):
+    """--kv-bits (quantized from the first token) and --draft-model send every request down
+    _serve_single (no batch, no trim_to: the byte limit is never applied there); the adapter, given the
+    same flags, makes the same cache calls and ends holding the same entries: quantized caches, or the
+    model's and the draft model's caches at the same offsets."""
+    served, calls, held = serve_in_child(name, 10, 6000, flags)
+    driver = ServerDriver(name, 10, 6000, num_draft_tokens=NUM_DRAFT, **flags)
+    paths = [driver.request(prompt, gen, chat=chat, sys_len=sys_len, seed=seed).path
+             for prompt, gen, chat, sys_len, seed in served]
+    assert set(paths) == {"sequential"} and not any(c[0] == "trim_to" for c in calls)
+    assert any(c[0] == "insert" for c in calls)
+    assert driver.calls == calls
+    assert {k: (e.kinds, e.offsets) for k, e in driver.entries().items()} == held
+    kinds = {kind for names, _ in held.values() for kind in names}
+    assert kinds == ({"QuantizedKVCache"} if "kv_bits" in flags else {"KVCache"}), kinds

@@ -146,3 +146,52 @@ def test_every_export_compiles_and_fails_as_pasted(tmp_path):
         for name, (ok, msg) in result.items():
             rule = name[len("TestPrefixTrie"):-len("Found")]
             assert not ok and f": {rule}" in msg, (name, msg)
+
+
+# The draft look-ahead (issue 50): a draft KV cache with one token of look-ahead, keys packing token pairs, and
+# speculative rounds through the checkout's own scheduleSpeculation/commitSpeculation (harness/draft_test.go).
+STREAM = list(range(1, 12))
+DRAFT_PROGRAM = [dict(op="reset", budget=1 << 40, interval=8, near_end=4, chunk=8, layout="hybrid-draft"),
+                 dict(op="begin", keys=STREAM, spans=[]), dict(op="prefill", max_chunks=0),
+                 *[dict(op="step", key=k) for k in (11, 6, 7, 8, 9)], dict(op="close"),
+                 dict(op="begin", keys=STREAM + [6, 7, 8, 9, 2, 3], spans=[]), dict(op="prefill", max_chunks=0),
+                 *[dict(op="step", key=k) for k in (3, 4)], dict(op="close")]
+
+
+def test_draft_layout_stores_token_pairs_and_no_rejected_draft(tmp_path):
+    """Four rounds (two rejecting both drafts, one accepting one) then a second turn that extends the stored
+    stream: no rule breaks on fb30760 or a fixed copy; the second begin resumes at the 14 pairs stored
+    (the stream's 15 tokens: the last sampled token is a look-ahead only); every draft snapshot holds the pairs
+    of its node's edge, so no rejected draft (1,000,000 and up) was stored."""
+    t = HarnessTarget(build(SRC, tmp_path))
+    try:
+        assert replay(t, DRAFT_PROGRAM[:9]) == [] and t.view().offset == 14
+        assert replay(t, DRAFT_PROGRAM) == []
+        v = t.view()
+        assert v.offset == 17 and v.live[-1] == v.seq
+        draft = [(n, n.snaps[5]) for n in v.walk() if 5 in n.snaps]
+        assert draft and all(tuple(s.content) == n.edge for n, s in draft)
+        assert all(k >> 32 < 1_000_000 and k & 0xFFFFFFFF < 1_000_000 for n in v.walk() for k in n.keys)
+        replay(t, DRAFT_PROGRAM[:10])
+        assert t.outcome == (14, 14)
+    finally:
+        t.shutdown()
+
+
+def test_the_look_ahead_shift_moves_a_capture_at_an_items_end_inside_it(tmp_path):
+    """schedulePrefillSnapshots shifts each capture back by the draft look-ahead: the capture asked at 4, the end
+    of the item [0, 4), lands at 3, inside it (M2) on fb30760, which moves no capture out of an item; the same
+    prompt without a draft cache schedules 4 and breaks nothing. A copy with the seed's M2 fix (the move after
+    the shift, OLLAMA_SRC_FIXED=1) schedules 4 on both."""
+    fold = (1 << 31) | 12345
+    program = lambda layout: [dict(op="reset", budget=1 << 40, interval=8, near_end=4, chunk=8, layout=layout),
+                              dict(op="begin", keys=[fold] * 4 + [1, 2, 3, 4], spans=[[0, 4]])]
+    t = HarnessTarget(build(SRC, tmp_path))
+    try:
+        assert replay(t, program("transformer")) == []
+        draft = [rule for rule, _ in replay(t, program("transformer-draft"))]
+        fixed = os.environ.get("OLLAMA_SRC_FIXED") == "1"
+        assert draft == ([] if fixed else ["M2"]), draft
+        assert [c for c, _ in t.view().request.schedule] == ([4] if fixed else [3])
+    finally:
+        t.shutdown()

@@ -279,3 +279,101 @@ def test_every_saved_ollama_finding_exports_a_whole_go_test():
         assert sum(l.startswith(("setBudget(", "e3(", "s4(")) and "setBudget(" in l for l in code) == \
             sum(o["op"] == "set_budget" for o in p["ops"]), p["rule"]
         assert sum("pc.begin(keys, items)" in l for l in code) == sum(o["op"] == "begin" for o in p["ops"])
+
+
+def _pair(a: int, b: int) -> int:
+    return a << 32 | b
+
+
+def test_draft_layouts_show_token_pairs_and_a_planted_draft_fault_is_found(exe, monkeypatch):
+    """A "-draft" layout (harness/draft_test.go; the fixture models it the same way) adds a draft KV cache
+    whose slot S pairs token S with token S+1, and the views' keys are those pairs: the request's keys end
+    with the pair of an unknown look-ahead, and the live keys pair the forwarded tokens with the current
+    one. M2 is judged there on its capture clause (a branch the pair keys force lands inside an item). The clean fixture
+    breaks no rule; with FIXTURE_BUG=draftkeep, whose drafter keeps the draft head's own slot for a
+    rejected draft, C1 catches the rejected token in the live draft cache, and the program replays."""
+    none = 0xFFFFFFFF
+    t = target_with(exe, monkeypatch, layout="hybrid-draft")
+    try:
+        t.reset()
+        assert "M2" in t.RULES and set(t.PARTIAL) == {"M2"} and t.pairs
+        t.begin([1, 2, 3], [])
+        assert t.view().request.keys == (_pair(1, 2), _pair(2, 3), _pair(3, none))
+        assert t.prefill(None)
+        for k in (3, 5, 6):                                  # the seed, then two sampled tokens
+            t.step(k)
+        v = t.view()
+        assert v.offset == 4 and v.seq == (_pair(1, 2), _pair(2, 3), _pair(3, 5), _pair(5, 6))
+        assert v.live[-1] == v.seq and check(v) == []
+        assert not hunt_once(t, Hunt(rules=t.RULES | {"PANIC"}), dict(layout="sliding-draft", interval=8,
+                                                                      near_end=4, chunk=8), max_examples=8)
+        t.reset(layout="hybrid")
+        assert "M2" in t.RULES and t.PARTIAL is None and not t.pairs
+    finally:
+        t.shutdown()
+    reset = dict(op="reset", layout="hybrid-draft", budget=1 << 40, interval=8, near_end=4, chunk=8)
+    ops = [reset, dict(op="begin", keys=[1, 2, 3], spans=[]), dict(op="prefill", max_chunks=0),
+           dict(op="step", key=3), dict(op="step", key=5)]                  # the seed, then one round
+    for bug, found in ((None, []), ("draftkeep", ["C1"])):
+        t = target_with(exe, monkeypatch, bug=bug)
+        try:
+            assert [r for r, _ in replay(t, ops)] == found
+            assert [r for r, _ in replay(t, ops[:-1])] == []                   # the seed alone forwards nothing
+        finally:
+            t.shutdown()
+
+
+def test_a_rejected_draft_token_in_a_stored_draft_snapshot_breaks_s1():
+    """The pair alphabet lets S1 judge a draft cache's snapshot by content: a node whose draft-KV slot was
+    written with a rejected draft as its look-ahead (the pair (3, 1000000) under the key (3, 5)) breaks S1,
+    the same node with the validated pair does not; a model layer's slot is its token with the key's
+    look-ahead, so only its token is judged."""
+    from spec.view import View
+    keys = [_pair(1, 2), _pair(2, 3), _pair(3, 5)]
+
+    def view(draft_last):
+        snaps = [dict(layer=0, kind="kv", start=0, end=3, bytes=48, content=keys),
+                 dict(layer=1, kind="kv", start=0, end=3, bytes=48, content=keys[:2] + [draft_last])]
+        return View.from_dict(dict(layers=[dict(kind="kv", cost=16), dict(kind="kv", cost=16)],
+                                   nodes=[dict(keys=[], start=0, snaps=[]), dict(keys=keys, start=0, snaps=snaps)],
+                                   path=[[], keys], offset=3, seq=keys, live=[keys, keys], counter=96,
+                                   budget=1 << 40))
+    assert [x.rule for x in check(view(_pair(3, 5)))] == []
+    assert [x.rule for x in check(view(_pair(3, 1_000_000)))] == ["S1"]
+
+
+def test_draft_layouts_need_a_checkout_with_the_draft_look_ahead(tmp_path):
+    """A checkout whose prefix cache has no draftLookahead (or no speculate.go rollback to drive) is refused
+    for the -draft layouts in one line, before any build."""
+    src = tmp_path / "co"
+    (src / "x/mlxrunner/cache").mkdir(parents=True)
+    for rel in ("prefix_cache.go", "cache_trie.go", "prefix_cache_test.go", "cache/cache.go"):
+        (src / "x/mlxrunner" / rel).write_text("package mlxrunner\n")
+    p = cli("--src", str(src), "--layouts", "hybrid,hybrid-draft", "--minutes", "0.1")
+    assert p.returncode == 2 and "has no draft look-ahead" in one_line(p), p.stderr
+
+
+def test_m2_on_a_draft_layout_judges_scheduled_captures_not_the_branch_the_pair_keys_force():
+    """With pair keys, a prompt repeating a stored item [0, 3) but differing right after it splits the stored
+    node at 2, inside the item: KV halves, no capture. The -draft layouts judge M2 on the view without its
+    nodes (targets.ollama.target.without_nodes), so that split raises nothing there while the whole predicate
+    would, and a capture scheduled inside the item still breaks M2."""
+    from spec.view import View
+    from targets.ollama.target import without_nodes
+    from targets.viewcheck import check_view
+
+    f = (1 << 31) | 7
+    stored = [_pair(f, f), _pair(f, f), _pair(f, 5), _pair(5, 2)]
+    prompt = [_pair(f, f), _pair(f, f), _pair(f, 1), _pair(1, 0xFFFFFFFF)]
+
+    def view(schedule):
+        kv = lambda a, b: dict(layer=0, kind="kv", start=a, end=b, bytes=16 * (b - a), content=stored[a:b])
+        nodes = [dict(keys=[], start=0, snaps=[]), dict(keys=stored[:2], start=0, snaps=[kv(0, 2)]),
+                 dict(keys=stored, start=2, snaps=[kv(2, 4)])]
+        return View.from_dict(dict(layers=[dict(kind="kv", cost=16)], nodes=nodes, path=[[]], offset=0, seq=[],
+                                   live=[[]], counter=64, budget=1 << 40,
+                                   request=dict(keys=prompt, spans=[[0, 3]], matched=2, resume=0,
+                                                schedule=schedule, chunks=[], prefilled=False)))
+    assert [x.rule for x in check_view(view([[3, True]]), rules={"M2"})] == ["M2"]          # the node clause
+    assert check_view(view([[3, True]]), rules={"M2"}, partial={"M2": without_nodes}) == []
+    assert [x.rule for x in check_view(view([[2, True]]), rules={"M2"}, partial={"M2": without_nodes})] == ["M2"]

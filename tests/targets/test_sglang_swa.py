@@ -83,8 +83,18 @@ def test_swa_replay_names_where_a_program_stops(tmp_path):
 
 
 def test_swa_campaign_on_the_fixture_finds_shrinks_and_reports(tmp_path):
+    from hypothesis import settings
+
     from targets.sglang import machine, report
-    c = machine.campaign(SwaTarget(FakeSwaApi("swa-counter")), 0.001, max_examples=400)
+    # One hunt, derandomised whatever the profile: a wrong counter can first show as an E1 overshoot
+    # (eviction trusts the counter) in some random programs; this test is about finding, shrinking and
+    # reporting the plant's own A1 (the dev profile drew E1 first in 3 of 6 runs)
+    profile = settings._current_profile
+    settings.load_profile("ci")
+    try:
+        c = machine.campaign(SwaTarget(FakeSwaApi("swa-counter")), 0.001, max_examples=400)
+    finally:
+        settings.load_profile(profile)
     assert "A1" in c.findings and c.findings["A1"].length <= 12
     out = report.write(tmp_path, c, "SWA fixture (swa-counter)", "--cache swa --fixture swa-counter", swa=True)
     assert "SWARadixCache inc_lock_ref" in out.read_text() and (tmp_path / "programs" / "A1.json").exists()

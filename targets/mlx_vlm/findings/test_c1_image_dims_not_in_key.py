@@ -8,7 +8,8 @@ different images: image_grid_thw (1, 2, 6) vs (1, 6, 2), so different vision and
 give 3 image tokens, and their pixel_values are byte-identical (every patch is the same).
 The APC salt is `semantic_extra_hash(image_hash=hash_image_payload(pixel_values), ...)`, as
 `server/generation.py`'s `generate` computes it (server/generation.py:1229): image_grid_thw is not in
-it. So the portrait request is served the landscape request's cached state and answers with the
+it. The salt here is the server's own: `ResponseGenerator.generate` runs (on a generator holding the
+model, processor and APC mode) and the queued request's `apc_semantic_hash` is read off its queue. So the portrait request is served the landscape request's cached state and answers with the
 landscape page's: its first-token log-probabilities equal the landscape request's cold run, not its own.
 
 - qwen3_5 (a gated-delta layer and a KV layer, APC's checkpoint mode; the Qwen3.5/3.6 family): the
@@ -20,7 +21,11 @@ disk with `DiskBlockStore.has` and none in memory). A fix that folds the grid (o
 output the model reads) into the salt makes the portrait request run cold, and the tests pass.
 """
 import json
+import os
+import sys
 import tempfile
+import threading
+import types
 from pathlib import Path
 
 import mlx.core as mx
@@ -29,6 +34,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 pytest.importorskip("mlx_vlm")
+import mlx_vlm  # noqa: E402
 from mlx_vlm import apc  # noqa: E402
 from mlx_vlm.generate.ar import BatchGenerator  # noqa: E402
 from mlx_vlm.utils import StoppingCriteria, load_model, update_module_configs  # noqa: E402
@@ -91,11 +97,39 @@ def prompt(processor, page):
                  "pixel_values": mx.array(out["pixel_values"]), "image_grid_thw": mx.array(out["image_grid_thw"])}
 
 
+class Salt(Exception):
+    pass
+
+
+class TakeSalt:
+    def put(self, queued):
+        queued.rqueue.put(Salt(queued.apc_semantic_hash))
+
+
+def server_generation():
+    """mlx_vlm.server.generation without mlx_vlm/server/__init__.py (the HTTP app, mlx-audio)."""
+    if "mlx_vlm.server" not in sys.modules:
+        pkg = types.ModuleType("mlx_vlm.server")
+        pkg.__path__ = [os.path.join(os.path.dirname(mlx_vlm.__file__), "server")]
+        sys.modules["mlx_vlm.server"] = pkg
+    import mlx_vlm.server.generation as generation
+    return generation
+
+
 def salt(model, processor, raw):
-    """The salt server/generation.py's generate() computes for a request."""
-    return apc.semantic_extra_hash(tenant=None, image_hash=apc.hash_image_payload(pixel_values=raw["pixel_values"]),
-                                   media={"audio": None, "video": None}, model=model.language_model,
-                                   processor=processor)
+    """The salt the server's ResponseGenerator.generate queues for a request with these inputs: it runs
+    on a generator holding the model, processor and APC mode, with `raw` as the preprocessing's output,
+    and the queued request's apc_semantic_hash is read off the request queue."""
+    g = server_generation()
+    rg = object.__new__(g.ResponseGenerator)
+    rg._ready, rg._load_error = threading.Event(), None
+    rg._ready.set()
+    rg.model, rg.processor, rg.config, rg.draft_model, rg.apc_mode = model, processor, model.config, None, "block"
+    rg._preprocess_request = lambda *a, **k: raw
+    rg.requests = TakeSalt()
+    with pytest.raises(Salt) as taken:
+        rg.generate("", args=g.GenerationArguments(max_tokens=1))
+    return int(taken.value.args[0])
 
 
 def serve(model, processor, manager, raw):

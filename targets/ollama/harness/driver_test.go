@@ -27,6 +27,10 @@
 //     layer's captures inside a batched write (past its start) are views too,
 //     as RotatingKVCache makes them; its next write, an owned restore or Free
 //     copies them out, and its own view restored stays a view.
+//   - in a "-draft" layout (e.g. "hybrid-draft"), a draft KV cache follows the
+//     layout's caches and the prefix cache keys token pairs (draftLookahead 1);
+//     draft_test.go drives the drafter and speculative rounds as Ollama's runner
+//     does, and the view's keys are the pairs.
 package mlxrunner
 
 import (
@@ -222,8 +226,9 @@ type harness struct {
 	nearEnd  int
 	chunk    int
 	merges   []hMerge
-	lazy     bool     // a "-lazy" layout: KV snapshots of the live rows are lazy views
-	wrapped  []*sized // the fakes as the prefix cache sees them
+	lazy     bool        // a "-lazy" layout: KV snapshots of the live rows are lazy views
+	wrapped  []*sized    // the fakes as the prefix cache sees them
+	d        *draftState // a "-draft" layout: a draft KV cache with one token of look-ahead (draft_test.go)
 
 	session   *cacheSession
 	keys      []uint32
@@ -246,6 +251,7 @@ func (h *harness) layout(name string, cost map[string]int) {
 	tr := &snapshotTracker{}
 	h.tracker = tr
 	name, h.lazy = strings.CutSuffix(name, "-lazy")
+	name, draft := strings.CutSuffix(name, "-draft")
 	kv := func() cache.Cache { return &fakeRewindableCache{tracker: tr} }
 	rec := func() cache.Cache { return &fakeRecurrentCache{tracker: tr} }
 	var fakes []cache.Cache
@@ -262,6 +268,9 @@ func (h *harness) layout(name string, cost map[string]int) {
 		fakes = []cache.Cache{rec(), kv(), rec(), kv(), kv()}
 	default:
 		panic("unknown layout " + name)
+	}
+	if draft { // runner.go: newPrefixCache(slices.Concat(caches, draftCaches)), the draft KV last
+		fakes = append(fakes, kv())
 	}
 	h.fakes = fakes
 	h.layers = nil
@@ -284,37 +293,55 @@ func (h *harness) layout(name string, cost map[string]int) {
 	}
 	h.pc = &prefixCache{caches: wrapped}
 	h.pc.ensureRoot()
+	if draft {
+		h.d = newDraftState(h, len(fakes)-1)
+	}
 }
 
+// feed is a forward of the given keys: every cache the model writes takes them (a draft cache is
+// written by its drafter, draft_test.go), and the live stream grows by them.
 func (h *harness) feed(keys []uint32) {
+	h.write(keys)
+	h.seq = append(h.seq, keys...)
+}
+
+// write feeds the model's caches (not a draft cache) without recording the keys as live.
+func (h *harness) write(keys []uint32) {
 	toks := make([]int32, len(keys))
 	for i, k := range keys {
 		toks[i] = int32(k)
 	}
-	for i, f := range h.fakes {
-		if fd, ok := f.(feeder); ok {
-			w := h.wrapped[i]
-			if w.lazyKV() { // the write overwrites rows [offset, offset+n)
-				w.materialise(w.Offset(), w.Offset()+len(toks))
-			}
-			sw, window := f.(*fakeSlidingWindowCache)
-			var before []cache.Snapshot
-			start := f.Offset()
-			if window && w.lazyWindow() { // concat and update copy every outstanding view out first
-				w.materialise(0, 1<<62)
-				before = slices.Clone(sw.pending.captured)
-			}
-			fd.feed(toks)
-			if window && w.lazyWindow() && len(toks) > 1 { // a batched write: captures past its start are views
-				for j, s := range sw.pending.captured {
-					if fs, ok := s.(*fakeSnapshot); ok && fs != nil && (j >= len(before) || before[j] == nil) && fs.to != start {
-						w.mark(fs)
-					}
+	for i := range h.fakes {
+		if h.d == nil || i != h.d.idx {
+			h.feedOne(i, toks)
+		}
+	}
+}
+
+// feedOne writes tokens into fake i (lazy views over the rows it overwrites are copied out first).
+func (h *harness) feedOne(i int, toks []int32) {
+	f := h.fakes[i]
+	if fd, ok := f.(feeder); ok {
+		w := h.wrapped[i]
+		if w.lazyKV() { // the write overwrites rows [offset, offset+n)
+			w.materialise(w.Offset(), w.Offset()+len(toks))
+		}
+		sw, window := f.(*fakeSlidingWindowCache)
+		var before []cache.Snapshot
+		start := f.Offset()
+		if window && w.lazyWindow() { // concat and update copy every outstanding view out first
+			w.materialise(0, 1<<62)
+			before = slices.Clone(sw.pending.captured)
+		}
+		fd.feed(toks)
+		if window && w.lazyWindow() && len(toks) > 1 { // a batched write: captures past its start are views
+			for j, s := range sw.pending.captured {
+				if fs, ok := s.(*fakeSnapshot); ok && fs != nil && (j >= len(before) || before[j] == nil) && fs.to != start {
+					w.mark(fs)
 				}
 			}
 		}
 	}
-	h.seq = append(h.seq, keys...)
 }
 
 type hOp struct {
@@ -356,6 +383,9 @@ func (h *harness) do(op hOp) any {
 		h.resume = h.pc.minCacheOffset()
 		h.seq = append([]uint32(nil), op.Keys[:h.resume]...)
 		h.chunks, h.prefilled, h.seeded = nil, false, false
+		if h.d != nil {
+			h.d.begin(op.Keys, h.resume)
+		}
 		n := len(op.Keys)
 		var offs []int
 		for o := h.interval; h.interval > 0 && o < n; o += h.interval {
@@ -373,11 +403,14 @@ func (h *harness) do(op hOp) any {
 	case "prefill":
 		target := len(h.keys) - 1
 		done := 0
-		for h.pc.minCacheOffset() < target {
+		for h.forwarded() < target {
 			if op.MaxChunks > 0 && done >= op.MaxChunks {
+				if h.d != nil { // Runner.prefill on a cancel: settle the drafter with the next prompt token
+					h.d.settle(h.keys[h.forwarded()])
+				}
 				return []int{0}
 			}
-			p := h.pc.minCacheOffset()
+			p := h.forwarded()
 			q := min(p+h.chunk, target)
 			for _, s := range h.spans { // the pipeline's extendChunk for atomic items
 				if s[0] < q && q < s[1] {
@@ -392,16 +425,26 @@ func (h *harness) do(op hOp) any {
 			h.chunks = append(h.chunks, [2]int{p, q})
 			done++
 		}
+		if h.d != nil { // Runner.prefill: settle with the seed before attaching
+			h.d.settle(h.keys[target])
+		}
 		h.session.attachPrefillSnapshots()
 		h.prefilled = true
 		return []int{1}
 	case "step":
+		if h.d != nil {
+			h.d.step(op.Key)
+			break
+		}
 		h.feed([]uint32{op.Key})
 		if h.seeded {
 			h.session.outputs = append(h.session.outputs, int32(op.Key))
 		}
 		h.seeded = true
 	case "close":
+		if h.d != nil {
+			h.d.close()
+		}
 		h.session.close()
 		h.session = nil
 	case "set_budget":

@@ -15,17 +15,24 @@ type hSnap struct {
 	End     int      `json:"end"`
 	Bytes   int      `json:"bytes"`
 	Lazy    bool     `json:"lazy"`
-	Content []uint32 `json:"content"`
+	Content []uint64 `json:"content"`
 	Ident   int      `json:"ident"`
 }
 
-func content(toks []int32, l hLayer) []uint32 {
+// content is layer i's tokens, which end at position `end`, in the view's key alphabet: the token
+// itself, or on a "-draft" layout the pair a key packs (draft_test.go: enc).
+func (h *harness) content(i int, toks []int32, end int, ref []uint64) []uint64 {
+	l := h.layers[i]
 	if *l.Kind == "windowed" && len(toks) > l.Window {
 		toks = toks[len(toks)-l.Window:]
 	}
-	out := make([]uint32, len(toks))
-	for i, t := range toks {
-		out[i] = uint32(t)
+	out := make([]uint64, len(toks))
+	for j, t := range toks {
+		if h.d != nil {
+			out[j] = h.d.enc(i, t, end-len(toks)+j, ref)
+		} else {
+			out[j] = uint64(uint32(t))
+		}
 	}
 	return out
 }
@@ -41,15 +48,15 @@ func (h *harness) view() map[string]any {
 		}
 	}
 	lastUsed := func(n *trieNode) int64 { return n.lastUsed.Sub(h.start).Nanoseconds() }
-	pathKeys := func(n *trieNode) []uint32 {
+	pathKeys := func(n *trieNode) []uint64 { // a pair key (draft look-ahead) is shown whole, as a uint64
 		var parts [][]trieKey
 		for m := n; m != nil; m = m.parent {
 			parts = append(parts, m.tokens)
 		}
-		out := []uint32{}
+		out := []uint64{}
 		for i := len(parts) - 1; i >= 0; i-- {
 			for _, k := range parts[i] {
-				out = append(out, uint32(k))
+				out = append(out, uint64(k))
 			}
 		}
 		return out
@@ -58,6 +65,7 @@ func (h *harness) view() map[string]any {
 	var clock int64
 	walkNodes(h.pc.root, func(n *trieNode) bool {
 		snaps := []hSnap{}
+		keys := pathKeys(n)
 		for i, s := range n.snapshots {
 			fs, ok := s.(*fakeSnapshot)
 			if !ok || fs == nil || i >= len(h.layers) || h.layers[i].Kind == nil {
@@ -65,7 +73,7 @@ func (h *harness) view() map[string]any {
 			}
 			l := h.layers[i]
 			sv := hSnap{Layer: i, Kind: *l.Kind, Start: fs.from, End: fs.to, Bytes: fs.Size(),
-				Content: content(fs.tokens, l), Ident: ident[fs], Lazy: h.wrapped[i].isView(fs)}
+				Content: h.content(i, fs.tokens, fs.to, keys), Ident: ident[fs], Lazy: h.wrapped[i].isView(fs)}
 			if *l.Kind != "kv" {
 				sv.Start = fs.to
 			}
@@ -74,14 +82,15 @@ func (h *harness) view() map[string]any {
 		sort.Slice(snaps, func(a, b int) bool { return snaps[a].Layer < snaps[b].Layer })
 		lu := lastUsed(n)
 		clock = max(clock, lu)
-		nodes = append(nodes, map[string]any{"keys": pathKeys(n), "start": n.startOffset(), "user": n.user,
+		nodes = append(nodes, map[string]any{"keys": keys, "start": n.startOffset(), "user": n.user,
 			"last_used": lu, "snaps": snaps})
 		return true
 	})
-	path := [][]uint32{}
+	path := [][]uint64{}
 	for _, n := range h.pc.activePath {
 		path = append(path, pathKeys(n))
 	}
+	seq := h.liveKeys()
 	live, offs := []any{}, []int{}
 	for i, f := range h.fakes {
 		if f == nil {
@@ -97,7 +106,7 @@ func (h *harness) view() map[string]any {
 		case *fakeRecurrentCache:
 			toks = c.tokens
 		}
-		live = append(live, content(toks, h.layers[i]))
+		live = append(live, h.content(i, toks, len(toks), seq))
 		offs = append(offs, f.Offset())
 	}
 	layers := []map[string]any{}
@@ -134,15 +143,10 @@ func (h *harness) view() map[string]any {
 				}
 			}
 		}
-		req = map[string]any{"keys": h.keys, "spans": spans, "matched": h.matched, "resume": h.resume,
+		req = map[string]any{"keys": h.requestKeys(), "spans": spans, "matched": h.matched, "resume": h.resume,
 			"schedule": sched, "chunks": chunks, "prefilled": h.prefilled, "pending": pending}
-	}
-	seq := h.seq
-	if seq == nil {
-		seq = []uint32{}
 	}
 	return map[string]any{"layers": layers, "nodes": nodes, "path": path, "offset": h.pc.minCacheOffset(),
 		"seq": seq, "live": live, "counter": h.pc.pagedOutBytes, "budget": maxPagedOutBytes, "clock": clock,
 		"request": req, "released": released, "created": created, "live_offsets": offs}
 }
-
