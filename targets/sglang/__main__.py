@@ -1,4 +1,5 @@
-"""`./dev check-sglang [--cache full|swa|req] [--eagle] [--minutes N] [--report DIR] [--src PATH | --release V] [--fixture FAULT]`
+"""`./dev check-sglang [--cache full|swa|req|mamba|unified] [--eagle] [--minutes N] [--report DIR]
+[--src PATH | --release V] [--fixture FAULT]`
 `./dev check-sglang --replay P.json [...] --releases V1,V2,... | --srcs PATH1,PATH2,...`
 `./dev check-sglang --export targets/sglang/findings/*.json --report DIR`
 `./dev check-sglang --onefix [--src PATH | --release 0.5.5] [--report DIR]` (targets/sglang/onefix.py)
@@ -9,7 +10,9 @@ responsible, seconds to detection, the shrunk program (DIR/programs/RULE.json, r
 The sglang used: the installed one, or --src (a source checkout or an unpacked wheel; SGLANG_SRC),
 or --release V (the PyPI wheel, fetched --no-deps with pip and unpacked under ~/.cache).
 --fixture FAULT runs the planted-fault fake (targets/sglang/fixture.py; with --cache swa
-targets/sglang/fixture_swa.py) instead (no sglang needed).
+targets/sglang/fixture_swa.py, mamba fixture_mamba.py, unified fixture_unified.py) instead (no sglang
+needed). --cache mamba / unified: targets/sglang/hybrid_cli.py; --cache full on a RadixCache with
+`checkpoint` (0.5.23) drives it through that call (targets/sglang/full_req.py).
 
 --replay: each program on each sglang in order (oldest first), one process per sglang; prints
 whether it reproduces and names the first one where each program stops reproducing.
@@ -47,6 +50,9 @@ def release_dir(v: str) -> Path:
 
 def make_target(a):
     from targets.sglang.target import SglangTarget
+    if a.cache in ("mamba", "unified"):
+        from targets.sglang.hybrid_cli import make_hybrid
+        return make_hybrid(a, release_dir)
     if a.cache == "req":
         from targets.sglang import engine
         from targets.sglang.reqcalls import ReqTarget
@@ -77,6 +83,10 @@ def make_target(a):
     from targets.sglang import engine
     src = a.src or (str(release_dir(a.release)) if a.release else None)
     api = engine.load(src)
+    from targets.sglang.full_req import CheckpointTarget, has_checkpoint    # 0.5.23: its own checkpoint()
+    if has_checkpoint(api):
+        return CheckpointTarget(api, page_size=a.page_size), f"sglang {engine.version(api)} (checkpoint)" + \
+            (f", page size {a.page_size}" if a.page_size > 1 else "")
     return SglangTarget(api, page_size=a.page_size), f"sglang {engine.version(api)}" + \
         (f", page size {a.page_size}" if a.page_size > 1 else "")
 
@@ -87,7 +97,9 @@ def check(a) -> int:
     print(f"check-sglang: {what}; {a.minutes} min", flush=True)
     c = machine.campaign(target, a.minutes, log=lambda s: print(s, flush=True))
     out = report.write(Path(a.report), c, what, " ".join(sys.argv[1:]), target.page_size, swa=a.cache == "swa",
-                       target=target if a.cache == "req" or hasattr(target, "eagle") else None)
+                       rules_of=a.cache if a.cache in ("mamba", "unified") else "",
+                       target=None if a.cache in ("mamba", "unified") else
+                       target if a.cache == "req" or hasattr(target, "eagle") else None)
     print(f"{len(c.findings)} rule violations, {sum(n for n, _ in c.policy.values())} policy differences "
           f"({len(c.policy)} kinds); {c.steps / max(c.seconds, 1e-9):.0f} steps/s; report: {out}")
     return 1 if c.findings else 0
@@ -162,9 +174,11 @@ def main(argv=None) -> int:
     ap.add_argument("--report", default="reports/sglang")
     ap.add_argument("--src", default=os.environ.get("SGLANG_SRC", ""))
     ap.add_argument("--release", default="")
-    ap.add_argument("--cache", choices=("full", "swa", "req"), default="full",
+    ap.add_argument("--cache", choices=("full", "swa", "req", "mamba", "unified"), default="full",
                     help="full: RadixCache; swa: SWARadixCache (releases 0.4.10-0.5.20) with a window of 4; "
-                    "req: RadixCache through its own cache_unfinished_req / cache_finished_req")
+                    "req: RadixCache through its own cache_unfinished_req / cache_finished_req; "
+                    "mamba: MambaRadixCache (0.5.6-0.5.20); unified: UnifiedRadixCache (0.5.15 on), "
+                    "targets/sglang/hybrid_cli.py")
     ap.add_argument("--eagle", action="store_true", help="with --cache req (0.5.3 on) or swa (0.5.4 on): EAGLE bigram keys")
     ap.add_argument("--page-size", type=int, default=1, help="the radix cache's page size (default 1)")
     ap.add_argument("--fixture", default="", help="none | a fault of targets/sglang/fixture.py (fixture_swa.py "

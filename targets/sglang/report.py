@@ -16,12 +16,19 @@ from targets.sglang.export import export
 from targets.sglang import rules as full_rules
 
 
-def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False, target=None) -> Path:
+def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False, target=None,
+          rules_of: str = "") -> Path:
     """`swa`: the rules and causes of targets.sglang.rules_swa; no pytest export (the exported test
     drives RadixCache only): the program replays with `--cache swa --replay`. `target`: a
     targets.sglang.reqcalls.ReqTarget (`--cache req`) or swa_eagle.SwaPagedTarget (`--cache swa
-    --eagle` / `--page-size`): its rules, and the export of targets.sglang.export_req / export_swa."""
-    if swa:
+    --eagle` / `--page-size`): its rules, and the export of targets.sglang.export_req / export_swa.
+    `rules_of` ("mamba", "unified"): the rules of targets.sglang.rules_<rules_of>, no pytest export
+    (the programs replay with `--cache mamba|unified --replay`)."""
+    if rules_of:
+        import importlib
+        rules = importlib.import_module(f"targets.sglang.rules_{rules_of}")
+        swa = True
+    elif swa:
         from targets.sglang import rules_swa as rules
     else:
         rules = full_rules
@@ -31,7 +38,8 @@ def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False, 
     d = Path(d)
     (d / "programs").mkdir(parents=True, exist_ok=True)
     rate = c.steps / c.seconds if c.seconds else 0.0
-    md = [f"# Rule check of SGLang's {'SWARadixCache' if swa else 'RadixCache'}: {what}", "",
+    md = [f"# Rule check of SGLang's {'SWARadixCache' if swa else 'RadixCache'}: {what}" if not rules_of else
+          f"# Rule check of SGLang's {rules_of} radix cache: {what}", "",
           f"`./dev check-sglang {command}`: {c.minutes:g} minutes, {c.runs} Hypothesis runs, {c.steps} operations "
           f"judged in {c.seconds:.0f} s = **{rate:.0f} operations/s** (reductions included).", "",
           f"Rules judged: {', '.join(sorted(RULES))}. Not applicable:", ""]
