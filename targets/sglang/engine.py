@@ -89,7 +89,26 @@ def version(api) -> str:
     return v if api.where == "installed" else f"{v} ({api.where})"
 
 
-class Api:
+class KeyCalls:
+    """The calls every SGLang module adapter shares: index tensors, keys, a key's tokens. ``key`` needs
+    ``self.RadixKey`` (None on releases before RadixKey: a plain list)."""
+
+    @staticmethod
+    def tensor(values):
+        import torch
+        return torch.tensor(list(values), dtype=torch.int64)
+
+    def key(self, tokens):
+        return self.RadixKey(list(tokens)) if self.RadixKey is not None else list(tokens)
+
+    @staticmethod
+    def tokens(key) -> list:
+        """A node key's tokens: iterate it (RadixKey.token_ids may be longer than the key: 0.5.x keys
+        carry a `limit`)."""
+        return [int(x) for x in key]
+
+
+class Api(KeyCalls):
     def __init__(self, rc, bp, where):
         self.rc, self.bp, self.where = rc, bp, where
         self.RadixCache = rc.RadixCache
@@ -110,14 +129,6 @@ class Api:
         return self.RadixCache(req_to_token_pool=None, token_to_kv_pool_allocator=allocator, page_size=page_size,
                                disable=False)
 
-    @staticmethod
-    def tensor(values):
-        import torch
-        return torch.tensor(list(values), dtype=torch.int64)
-
-    def key(self, tokens):
-        return self.RadixKey(list(tokens)) if self.RadixKey is not None else list(tokens)
-
     # ------------------------------------------------------------ calls
     def match(self, cache, tokens):
         """The last matched node (the matched indices are read off the path by the caller)."""
@@ -136,8 +147,3 @@ class Api:
         P = self.params.get("EvictParams")
         cache.evict(P(num_tokens=n)) if P else cache.evict(n)
 
-    @staticmethod
-    def tokens(key) -> list:
-        """A node key's tokens: iterate it (RadixKey.token_ids may be longer than the key: 0.5.x keys
-        carry a `limit`)."""
-        return [int(x) for x in key]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 from types import SimpleNamespace
 
+from targets.sglang.engine import KeyCalls
 from targets.sglang.pool import TagAllocator
 from targets.sglang.rules_mamba import NOT_APPLICABLE, RULES
 from targets.sglang.swa import FakeReq, ReqToToken, SwaTarget, _ints
@@ -36,7 +37,7 @@ SPARE = 3           # state slots beyond the budget's: the open request's own, i
                     # write), as under a full pool
 
 
-class MambaApi:
+class MambaApi(KeyCalls):
     """SGLang's MambaRadixCache module, with the call shapes probed."""
 
     def __init__(self, mod, bp, cip, where: str):
@@ -47,17 +48,6 @@ class MambaApi:
         self.params = {n: getattr(bp, n, None) for n in ("MatchPrefixParams", "EvictParams")}
         self.CacheInitParams = cip
 
-    @staticmethod
-    def tensor(values):
-        import torch
-        return torch.tensor(list(values), dtype=torch.int64)
-
-    def key(self, tokens):
-        return self.RadixKey(list(tokens)) if self.RadixKey is not None else list(tokens)
-
-    @staticmethod
-    def tokens(key) -> list:
-        return [int(x) for x in key]
 
     def make(self, alloc, rows):
         if "get_global_server_args" in vars(self.mod):       # 0.5.10 - 0.5.15 read it in __init__ / match

@@ -24,6 +24,7 @@ from __future__ import annotations
 import inspect
 from types import SimpleNamespace
 
+from targets.sglang.engine import KeyCalls
 from targets.sglang.pool import TagAllocator
 from targets.sglang.rules_swa import NOT_APPLICABLE, RULES
 from targets.sglang.target import SglangTarget
@@ -31,7 +32,7 @@ from targets.sglang.target import SglangTarget
 WINDOW = 4          # the sliding window, in tokens
 
 
-class SwaApi:
+class SwaApi(KeyCalls):
     """SGLang's SWARadixCache module, with the call shapes probed."""
 
     def __init__(self, mod, bp, cip, where: str):
@@ -43,17 +44,6 @@ class SwaApi:
         self.params = {n: getattr(bp, n, None) for n in names}
         self.CacheInitParams = cip
 
-    @staticmethod
-    def tensor(values):
-        import torch
-        return torch.tensor(list(values), dtype=torch.int64)
-
-    def key(self, tokens):
-        return self.RadixKey(list(tokens)) if self.RadixKey is not None else list(tokens)
-
-    @staticmethod
-    def tokens(key) -> list:
-        return [int(x) for x in key]
 
     def make(self, alloc, r2t, window: int = WINDOW):
         sig = inspect.signature(self.Cache.__init__).parameters

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 from types import SimpleNamespace
 
+from targets.sglang.engine import KeyCalls
 from targets.sglang.mamba import PER_STATE, SPARE, MambaRows, MambaTagPool, MambaTarget, ReqToToken, kv_alloc_class
 from targets.sglang.rules_unified import NOT_APPLICABLE, RULES
 
@@ -58,7 +59,7 @@ class NodeView:
         return self.node.last_access_time
 
 
-class UnifiedApi:
+class UnifiedApi(KeyCalls):
     """sglang.srt.mem_cache.unified_radix_cache and what building it takes."""
 
     def __init__(self, engine_api, where: str):
@@ -81,14 +82,6 @@ class UnifiedApi:
         self.RadixKey, self.CacheInitParams = engine_api.RadixKey, engine_api.CacheInitParams
         self.FULL, self.MAMBA, self.where = ct.FULL, ct.MAMBA, where
 
-    @staticmethod
-    def tensor(values):
-        import torch
-        return torch.tensor(list(values), dtype=torch.int64)
-
-    @staticmethod
-    def tokens(key) -> list:
-        return [int(x) for x in key]
 
     def rows(self, api, pool):
         base = self.HybridReqToTokenPool
