@@ -127,6 +127,7 @@ def serve(runner, system, users, answer, prompts: list | None = None) -> list:
             out = runner.run(prompt, answer, boundaries=b[:-1], sys_end=len(system))
             rows.append({"conv": c, "turn": t, "prompt": len(prompt), "prefilled": out.prefilled,
                          "ttft_s": out.ttft_s, "total_s": out.total_s, "resumed": out.resumed,
+                         "forward_s": out.forward_s, "bookkeeping_s": out.bookkeeping_s,
                          "chunks": [list(x) for x in out.chunks], "first": out.tokens[0] if out.tokens else None})
             if prompts is not None:
                 prompts.append(prompt)
@@ -162,9 +163,11 @@ def measure(kind: str, lm, args, plan, prompts: list | None = None) -> dict:
     runner.close()
     mx.clear_cache()
     ttft = [r["ttft_s"] for r in rows]
+    forward = sum(r["forward_s"] for r in rows)
     return {"runner": kind, "requests": len(rows), "prompt_tokens": sum(r["prompt"] for r in rows),
             "prefilled": sum(r["prefilled"] for r in rows), "ttft_sum_s": sum(ttft),
             "ttft_median_s": statistics.median(ttft), "ttft_max_s": max(ttft), "wall_s": wall,
+            "bookkeeping_over_forward": sum(r["bookkeeping_s"] for r in rows) / forward if forward else None,
             "peak_bytes": peak, "peak_above_weights": peak - lm.weight_bytes, "held_bytes": held, "rows": rows}
 
 
@@ -175,13 +178,14 @@ def markdown(rep: dict) -> str:
              f"{rep['conversations']} conversations x {rep['turns']} turns on a {rep['system']}-token system "
              f"prompt; chunk {rep['chunk']}; warm-up excluded.", "",
              "| runner | requests | prompt tokens | prefilled | TTFT sum | TTFT median | TTFT max | peak MLX "
-             "| peak above weights | bytes held |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| peak above weights | bytes held | bookkeeping / forward |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rep["runners"]:
         peak = "-" if r["peak_bytes"] is None else f"{r['peak_bytes'] / g:.2f} GiB"
         above = "-" if r["peak_above_weights"] is None else f"{r['peak_above_weights'] / m:.1f} MiB"
+        bk = r.get("bookkeeping_over_forward")
         lines.append(f"| {r['runner']} | {r['requests']} | {r['prompt_tokens']} | {r['prefilled']} | "
                      f"{r['ttft_sum_s']:.2f} s | {r['ttft_median_s']:.3f} s | {r['ttft_max_s']:.2f} s | "
-                     f"{peak} | {above} | {r['held_bytes'] / m:.1f} MiB |")
+                     f"{peak} | {above} | {r['held_bytes'] / m:.1f} MiB | {'-' if bk is None else f'{bk:.2%}'} |")
     lim = next((r for r in rep["runners"] if r["runner"] == "limit"), None)
     if lim is not None:
         x = lim["ttft_over_limit"]

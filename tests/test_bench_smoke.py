@@ -142,8 +142,8 @@ def test_fifty_turns_plateaus_under_e2_and_grows_under_prefix_policy():
 def test_scale_smoke(tmp_path):
     """python -m bench.scale --smoke: random-weight models built, saved and loaded through mlx-lm's
     loader, a chat served by ours, the limit (ours' prefill forwards on a warm stock cache), mlx-lm's
-    server cache and no cache; figures self-consistent, the TTFT / limit columns present and positive
-    (no timing asserted)."""
+    server cache and no cache; figures self-consistent, the TTFT / limit columns and ours' bookkeeping
+    share present and positive (no timing asserted)."""
     import json
 
     from bench import scale
@@ -169,6 +169,9 @@ def test_scale_smoke(tmp_path):
         assert ratio == lim["ttft_over_limit"] and 0 < ratio["median"] <= ratio["p90"] <= ratio["max"]
         md = (tmp_path / f"scale-{arch}-smoke-smoke.md").read_text()
         assert "| limit |" in md and "TTFT ours / limit" in md
+        bk = ours["bookkeeping_over_forward"]                  # ours' bookkeeping share; the others have none
+        assert 0 < bk < 10 and runs["server"]["bookkeeping_over_forward"] is None
+        assert f"| {bk:.2%} |" in md
 
 
 def test_limit_replays_exactly_the_forwards_ours_reported():
