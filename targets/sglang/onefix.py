@@ -16,9 +16,11 @@ The bugs, all in `cache_finished_req` under EAGLE (0.5.5 lines):
   `req.last_matched_prefix_len`, the length `cache_unfinished_req` and admission record as matched
   (0.5.6 frees from `req.cache_protected_len`, its name for it);
 - swa-leak: the same start in `SWARadixCache` (l. 471-475, passed to `insert`, which frees the
-  duplicates), fixed the same way (0.5.10);
+  duplicates), fixed the same way here (upstream, 0.5.8 frees a matched duplicate node whole in
+  `_insert_helper`; targets/fixcommits.py);
 - swa-double-free: with page size 1, `SWARadixCache` frees the last position's slot (l. 465) and then
-  the same range again as the unaligned tail (l. 492); the fix drops the first free (0.5.10 frees once).
+  the same range again as the unaligned tail (l. 492); the fix drops the first free (0.5.7 drops the
+  second, 0.5.8 the first).
 Invariant: the expected outcome is the identity; `targets.onefix.check_identity` lists where it is not.
 """
 from __future__ import annotations

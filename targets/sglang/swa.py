@@ -231,7 +231,7 @@ class SwaTarget(SglangTarget):
         return self.outcome
 
     def step(self, key: int) -> None:
-        """A decode step; where SGLang's cache takes `swa_evicted_seqlen` (0.5.10 on), the scheduler's
+        """A decode step; where SGLang's cache takes `swa_evicted_seqlen` (0.5.8 on), the scheduler's
         ScheduleBatch._evict_swa is replayed first, at its cadence (every W-th decode): the request's
         own SWA slots below len - W and above its protected prefix are released (free_swa)."""
         if self.releases_window:

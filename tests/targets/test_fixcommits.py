@@ -1,0 +1,82 @@
+"""The trees that confirm the vLLM and SGLang fixing commits (targets/fixcommits.py, issue 49).
+
+Always, no peer needed (well under a second): a tree is built from fake unpacked releases with the file
+swapped from the other release and the revert applied, the releases untouched; a revert whose text
+the release does not hold is refused; every tree names saved findings that exist and replay flags for
+them; the vLLM revert is the exact inverse of the one-line fix targets/vllm/onefix.py applies to
+0.25.0; the verdict reader maps both engines' replay lines. The real runs are
+`python -m targets.fixcommits --run` (docs/peers.md, vLLM and SGLang "fixing commit").
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from targets import fixcommits as fc
+from targets.vllm import onefix as vl
+
+
+def _releases(root: Path, files: dict) -> Path:
+    """root/<release>/<package>/...: {(release, path under root/<release>): text}."""
+    for (rel, path), text in files.items():
+        f = root / rel / path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    return root
+
+
+def test_a_tree_takes_the_swapped_file_and_the_revert_and_leaves_the_releases_alone(tmp_path):
+    rel = _releases(tmp_path / "rel", {
+        ("1.0", "pkg/__init__.py"): "", ("1.0", "pkg/a.py"): "old a\n", ("1.0", "pkg/b.py"): "keep\nfix\n",
+        ("2.0", "pkg/__init__.py"): "", ("2.0", "pkg/a.py"): "new a\n"})
+    fc.PACKAGE["toy"] = "pkg"
+    try:
+        tree = fc.Tree("t", "toy", "1.0", swaps=[("a.py", "2.0")], edits=[("b.py", "fix\n", "unfixed\n")])
+        dst = fc.build(tree, lambda v: rel / v, tmp_path / "trees")
+    finally:
+        del fc.PACKAGE["toy"]
+    assert (dst / "pkg" / "a.py").read_text() == "new a\n"
+    assert (dst / "pkg" / "b.py").read_text() == "keep\nunfixed\n"
+    assert (rel / "1.0" / "pkg" / "a.py").read_text() == "old a\n"
+    assert (rel / "1.0" / "pkg" / "b.py").read_text() == "keep\nfix\n"
+
+
+def test_a_revert_whose_text_the_release_lacks_is_refused(tmp_path):
+    rel = _releases(tmp_path / "rel", {("0.26.0", "vllm/__init__.py"): "",
+                                       ("0.26.0", f"vllm/{fc.COORD}"): "                if drop_eagle_block:\n"})
+    tree = next(t for t in fc.TREES if t.name == "vllm-0.26.0-without-46384-gate")
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        fc.build(tree, lambda v: rel / v, tmp_path / "trees")
+
+
+def test_every_tree_names_saved_findings_and_how_to_replay_them(tmp_path):
+    for tree in fc.TREES:
+        assert tree.expect, tree.name
+        for finding, want in tree.expect.items():
+            assert (fc.FINDINGS[tree.engine] / f"{finding}.json").exists(), (tree.name, finding)
+            assert want in ("reproduces", "does not reproduce", "does not load"), (tree.name, want)
+            cmd = fc.replay_command(tree.engine, finding, tmp_path)
+            assert str(tmp_path) in cmd and cmd[0].endswith("dev")
+    assert fc.replay_command("sglang", "A2-swa-eagle-page1", tmp_path)[-4:-2] == ["--page-size", "1"]
+
+
+def test_the_vllm_revert_is_the_inverse_of_the_one_line_fix():
+    (fix_old, fix_new), = [(o, n) for _, o, n in vl.FIXES["mamba-no-eagle-margin"]]
+    (_, rev_old, rev_new), = next(t for t in fc.TREES if t.name == "vllm-0.26.0-without-46384-gate").edits
+    assert rev_old in fix_new and rev_new in fix_old and rev_old not in fix_old
+
+
+@pytest.mark.parametrize("engine, out, want", [
+    ("vllm", "/tmp/t (vLLM 0.26.0): C1-mamba-eagle.json: reproduces\nx.json: reproduces from /tmp/t on", "reproduces"),
+    ("vllm", "/tmp/t (vLLM 0.26.0): C1-hybrid-eagle.json: does not reproduce\nx: reproduces on none", "does not reproduce"),
+    ("vllm", "/tmp/t: could not run (TypeError: get_kv_cache_coordinator() got ...)", "does not load"),
+    ("sglang", "sglang 0.5.8 (/tmp/t) SWARadixCache: A2-swa-eagle-page2.json (A2): reproduces\n"
+               "A2-swa-eagle-page2.json: still reproduces", "reproduces"),
+    ("sglang", "sglang 0.5.6 (/tmp/t) SWARadixCache: A2-swa-eagle-page1.json (A2): does not reproduce (other rules: "
+               "A1)\nA2-swa-eagle-page1.json: stops reproducing at sglang 0.5.6", "does not reproduce"),
+    ("sglang", "/tmp/t: could not load (ImportError: cannot import name 'MatchPrefixParams')", "does not load"),
+    ("sglang", "", "no verdict"),
+])
+def test_the_verdict_is_read_from_the_replays_own_lines(engine, out, want):
+    assert fc.verdict(engine, out) == want
