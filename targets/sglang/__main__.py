@@ -108,15 +108,18 @@ def check(a) -> int:
 def replay_one(a) -> int:
     """In this process: each program once; prints one JSON line {path: [rules]}."""
     from targets.machine import replay_checked
+    from targets.ollama.target import TargetPanic
+    from targets.sglang.crash import guard
     target, what = make_target(a)
+    target = guard(target)
     res = {}
     for p in a.replay:
         prog = json.loads(Path(p).read_text())
         try:
             found = replay_checked(target, prog["ops"])
             res[p] = sorted({r for r, _ in found})
-        except Exception as e:              # a crash of the cache under check is a result too
-            res[p] = [f"PANIC: {type(e).__name__}: {e}"]
+        except TargetPanic as e:            # SGLang's code raised: a result (ours raise: traceback, exit 1)
+            res[p] = [f"PANIC: {e}"]
     print("RESULT " + json.dumps({"what": what, "found": res}))
     return 0
 
