@@ -56,7 +56,12 @@ def owner(filename: str) -> tuple:
 
 
 def classify(exc: BaseException):
-    """An SglangCrash for `exc` when its innermost own-or-SGLang frame is SGLang's, else None."""
+    """An SglangCrash for `exc` when its innermost own-or-SGLang frame is SGLang's, else None. An
+    AttributeError on one of our objects (a pool or request of ours lacking what SGLang reads) is
+    ours wherever it is raised."""
+    obj = getattr(exc, "obj", None) if isinstance(exc, AttributeError) else None
+    if obj is not None and owner(getattr(sys.modules.get(type(obj).__module__), "__file__", None) or "-")[0] == "ours":
+        return None
     for fs in reversed(traceback.extract_tb(exc.__traceback__)):
         who, shown = owner(fs.filename)
         if who == "sglang":

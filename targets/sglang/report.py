@@ -36,7 +36,7 @@ def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False, 
     drives RadixCache only): the program replays with `--cache swa --replay`. `target`: a
     targets.sglang.reqcalls.ReqTarget (`--cache req`) or swa_eagle.SwaPagedTarget (`--cache swa
     --eagle` / `--page-size`): its rules, and the export of targets.sglang.export_req / export_swa.
-    `rules_of` ("mamba", "unified"): the rules of targets.sglang.rules_<rules_of>, no pytest export
+    `rules_of` ("mamba", "unified", "unified_swa"): the rules of targets.sglang.rules_<rules_of>, no pytest export
     (the programs replay with `--cache mamba|unified --replay`)."""
     if rules_of:
         import importlib
