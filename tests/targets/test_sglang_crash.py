@@ -61,3 +61,15 @@ class Broken(SglangTarget):
 def test_an_exception_in_our_code_stops_the_campaign():
     with pytest.raises(KeyError, match="ours"):
         machine.campaign(Broken(FakeApi(None)), 0.001, max_examples=50)
+
+
+class NoFree:
+    """An allocator of ours that lacks what the cache calls (`free`): a driver bug."""
+
+
+def test_an_attribute_missing_on_our_object_is_ours_even_inside_the_cache():
+    from targets.machine import replay
+    from targets.sglang.fixture import FakeRadixCache
+    t = Guarded(SglangTarget(FakeApi(None), cache_factory=lambda api, a: FakeRadixCache(NoFree())))
+    with pytest.raises(AttributeError, match="free"):
+        replay(t, CRASHING)
