@@ -156,7 +156,12 @@ class UnifiedSwaTarget(UnifiedTarget):
 
     # ------------------------------------------------------------------ operations
     def begin(self, keys, spans=()) -> tuple:
+        """With Mamba, room for the request's state slot is made before the match (the scheduler's
+        evict_for_alloc): SGLang's match would otherwise evict a state inside the call that may split its
+        node, which S4 (judged per operation) reads as the split moving the state off the tail."""
         self.decodes = 0
+        if self.has_mamba and not self.mpool.available_size():
+            self.api.evict(self.cache, 0, 0, 1)
         return super().begin(keys, spans)
 
     def step(self, key: int) -> None:
