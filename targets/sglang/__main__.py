@@ -10,8 +10,9 @@ responsible, seconds to detection, the shrunk program (DIR/programs/RULE.json, r
 The sglang used: the installed one, or --src (a source checkout or an unpacked wheel; SGLANG_SRC),
 or --release V (the PyPI wheel, fetched --no-deps with pip and unpacked under ~/.cache).
 --fixture FAULT runs the planted-fault fake (targets/sglang/fixture.py; with --cache swa
-targets/sglang/fixture_swa.py, mamba fixture_mamba.py, unified fixture_unified.py) instead (no sglang
-needed). --cache mamba / unified: targets/sglang/hybrid_cli.py; --cache full on a RadixCache with
+targets/sglang/fixture_swa.py, mamba fixture_mamba.py, unified fixture_unified.py, unified --components
+full,swa fixture_unified_swa.py) instead (no sglang needed). An exception raised inside SGLang is rule PANIC
+(targets/sglang/crash.py); one raised in our code stops the run with its traceback. --cache mamba / unified: targets/sglang/hybrid_cli.py; --cache full on a RadixCache with
 `checkpoint` (0.5.23) drives it through that call (targets/sglang/full_req.py).
 
 --replay: each program on each sglang in order (oldest first), one process per sglang; prints

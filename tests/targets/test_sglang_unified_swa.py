@@ -31,12 +31,15 @@ def test_clean_unified_swa_fake_breaks_no_rule():
     assert replay(UnifiedSwaTarget(FakeUnifiedSwaApi(None)), CLEAN) == []
 
 
-def test_unified_swa_campaign_on_the_fixture_finds_and_shrinks(tmp_path):
-    from targets.sglang import machine, report
-    # one Hypothesis run of up to 400 examples whatever the machine's load (not a time budget); the
-    # leak needs a tombstone, so its shrunk program is 6 - 18 operations depending on the example found
-    c = machine.campaign(UnifiedSwaTarget(FakeUnifiedSwaApi("swa-leak")), 0.001, max_examples=400)
-    assert "A2" in c.findings and c.findings["A2"].length <= 20
+def test_unified_swa_finding_shrinks_and_is_reported(tmp_path):
+    # deterministic: the directed program reduced by the campaign's minimize, then the campaign's report
+    from targets.machine import minimize
+    from targets.report import Campaign, Finding
+    from targets.sglang import report
+    t = UnifiedSwaTarget(FakeUnifiedSwaApi("swa-leak"))
+    ops = minimize(t, TOMBSTONE, "A2")
+    assert len(ops) <= 12 and "A2" in {r for r, _ in replay(t, ops)}
+    c = Campaign("sglang-unified-swa", ("kv",), 0.0, findings={"A2": Finding("A2", "kv", 0.0, "leak", ops)})
     out = report.write(tmp_path, c, "unified SWA fixture (swa-leak)", "--cache unified --components full,swa "
                        "--fixture swa-leak", rules_of="unified_swa")
     assert "UnifiedRadixCache" in out.read_text() and (tmp_path / "programs" / "A2.json").exists()
