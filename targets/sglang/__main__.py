@@ -1,4 +1,4 @@
-"""`./dev check-sglang [--cache full|swa|req|mamba|unified] [--eagle] [--minutes N] [--report DIR]
+"""`./dev check-sglang [--cache full|swa|req|mamba|unified [--components full,swa[,mamba]]] [--eagle] [--minutes N] [--report DIR]
 [--src PATH | --release V] [--fixture FAULT]`
 `./dev check-sglang --replay P.json [...] --releases V1,V2,... | --srcs PATH1,PATH2,...`
 `./dev check-sglang --export targets/sglang/findings/*.json --report DIR`
@@ -10,8 +10,9 @@ responsible, seconds to detection, the shrunk program (DIR/programs/RULE.json, r
 The sglang used: the installed one, or --src (a source checkout or an unpacked wheel; SGLANG_SRC),
 or --release V (the PyPI wheel, fetched --no-deps with pip and unpacked under ~/.cache).
 --fixture FAULT runs the planted-fault fake (targets/sglang/fixture.py; with --cache swa
-targets/sglang/fixture_swa.py, mamba fixture_mamba.py, unified fixture_unified.py) instead (no sglang
-needed). --cache mamba / unified: targets/sglang/hybrid_cli.py; --cache full on a RadixCache with
+targets/sglang/fixture_swa.py, mamba fixture_mamba.py, unified fixture_unified.py, unified --components
+full,swa fixture_unified_swa.py) instead (no sglang needed). An exception raised inside SGLang is rule PANIC
+(targets/sglang/crash.py); one raised in our code stops the run with its traceback. --cache mamba / unified: targets/sglang/hybrid_cli.py; --cache full on a RadixCache with
 `checkpoint` (0.5.23) drives it through that call (targets/sglang/full_req.py).
 
 --replay: each program on each sglang in order (oldest first), one process per sglang; prints
@@ -97,7 +98,8 @@ def check(a) -> int:
     print(f"check-sglang: {what}; {a.minutes} min", flush=True)
     c = machine.campaign(target, a.minutes, log=lambda s: print(s, flush=True))
     out = report.write(Path(a.report), c, what, " ".join(sys.argv[1:]), target.page_size, swa=a.cache == "swa",
-                       rules_of=a.cache if a.cache in ("mamba", "unified") else "",
+                       rules_of=("unified_swa" if a.cache == "unified" and "swa" in a.components else a.cache)
+                       if a.cache in ("mamba", "unified") else "",
                        target=None if a.cache in ("mamba", "unified") else
                        target if a.cache == "req" or hasattr(target, "eagle") else None)
     print(f"{len(c.findings)} rule violations, {sum(n for n, _ in c.policy.values())} policy differences "
@@ -108,15 +110,18 @@ def check(a) -> int:
 def replay_one(a) -> int:
     """In this process: each program once; prints one JSON line {path: [rules]}."""
     from targets.machine import replay_checked
+    from targets.ollama.target import TargetPanic
+    from targets.sglang.crash import guard
     target, what = make_target(a)
+    target = guard(target)
     res = {}
     for p in a.replay:
         prog = json.loads(Path(p).read_text())
         try:
             found = replay_checked(target, prog["ops"])
             res[p] = sorted({r for r, _ in found})
-        except Exception as e:              # a crash of the cache under check is a result too
-            res[p] = [f"PANIC: {type(e).__name__}: {e}"]
+        except TargetPanic as e:            # SGLang's code raised: a result (ours raise: traceback, exit 1)
+            res[p] = [f"PANIC: {e}"]
     print("RESULT " + json.dumps({"what": what, "found": res}))
     return 0
 
@@ -130,7 +135,7 @@ def replay(a) -> int:
     last = {}
     for flag, val in points:
         cmd = [sys.executable, "-m", "targets.sglang", "--replay-one", *a.replay, "--page-size", str(a.page_size),
-               "--cache", a.cache] + (["--eagle"] if a.eagle else []) + \
+               "--cache", a.cache, "--components", a.components] + (["--eagle"] if a.eagle else []) + \
             ([flag, val] if flag else [])
         r = subprocess.run(cmd, capture_output=True, text=True)
         line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -179,6 +184,8 @@ def main(argv=None) -> int:
                     "req: RadixCache through its own cache_unfinished_req / cache_finished_req; "
                     "mamba: MambaRadixCache (0.5.6-0.5.20); unified: UnifiedRadixCache (0.5.15 on), "
                     "targets/sglang/hybrid_cli.py")
+    ap.add_argument("--components", default="full,mamba", help="with --cache unified: full,mamba (default) | "
+                    "full,swa | full,swa,mamba (0.5.23; targets/sglang/unified_swa.py)")
     ap.add_argument("--eagle", action="store_true", help="with --cache req (0.5.3 on) or swa (0.5.4 on): EAGLE bigram keys")
     ap.add_argument("--page-size", type=int, default=1, help="the radix cache's page size (default 1)")
     ap.add_argument("--fixture", default="", help="none | a fault of targets/sglang/fixture.py (fixture_swa.py "

@@ -11,12 +11,15 @@ least recently used unlocked leaves until n tokens are freed; lock counts along 
   "double-free"   evict frees a leaf's slots and its parent's (already-held) first slot again: A2
   "mru"           evict takes the most recently used leaf first: E3
   "short-match"   match_prefix stops one token short inside an edge: C2
+  "crash"         evict reads one past its parent's key when the victim hangs below another node: an
+                  IndexError raised inside the cache (PANIC, targets.sglang.crash)
 """
 from __future__ import annotations
 
 import itertools
 
 FAULTS = ("split-value", "double-free", "mru", "short-match")
+CRASHES = ("crash",)          # faults that raise inside the cache rather than break a rule
 
 
 class Vec(list):
@@ -133,6 +136,8 @@ class FakeRadixCache:
             self.alloc.free(x.value)
             if self.fault == "double-free" and x.parent is not self.root_node and len(x.parent.value):
                 self.alloc.free(x.parent.value[:1])
+            if self.fault == "crash" and x.parent is not self.root_node:
+                x.parent.key[len(x.parent.key)]                 # the planted off-by-one: IndexError
             done += len(x.value)
             del x.parent.children[x.key[0]]
             self.evictable_size_ -= len(x.key)
@@ -158,7 +163,7 @@ class FakeApi:
     where = "fixture"
 
     def __init__(self, fault=None):
-        assert fault is None or fault in FAULTS, fault
+        assert fault is None or fault in FAULTS + CRASHES, fault
         self.fault = fault
 
     def make(self, allocator, page_size: int = 1):

@@ -61,10 +61,11 @@ class Node:
 
 class FakeSwaCache:
     _clock = itertools.count(1)
+    node_class = Node                     # fixture_unified_swa's nodes also show per-component data
 
     def __init__(self, alloc, r2t, window, fault=None):
         self.alloc, self.r2t, self.W, self.fault = alloc, r2t, window, fault
-        self.root_node = Node()
+        self.root_node = self.node_class()
         self.root_node.full_lock_ref = self.root_node.swa_lock_ref = 1
         self.full_evictable_size_ = self.full_protected_size_ = 0
         self.swa_evictable_size_ = self.swa_protected_size_ = 0
@@ -76,7 +77,7 @@ class FakeSwaCache:
             n.last_access_time, t, n = t, t - 1e-6, n.parent
 
     def _split(self, child, k):
-        head = Node(child.parent, child.key[:k], child.value[:k])
+        head = self.node_class(child.parent, child.key[:k], child.value[:k])
         for a in ("full_lock_ref", "swa_lock_ref", "swa_tombstone", "last_access_time"):
             setattr(head, a, getattr(child, a))
         head.children = {child.key[k]: child}
@@ -124,7 +125,7 @@ class FakeSwaCache:
                 self.alloc.free(value[lo:k])
             done, node, key, value = done + k, c, key[k:], value[k:]
         if key:
-            n = Node(node, key, value)
+            n = self.node_class(node, key, value)
             node.children[key[0]] = n
             self.full_evictable_size_ += len(key)
             self.swa_evictable_size_ += len(key)

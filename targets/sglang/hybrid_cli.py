@@ -3,6 +3,8 @@ and `--cache unified` (UnifiedRadixCache, targets.sglang.unified), on the sglang
 the installed one, or on their planted-fault fakes with --fixture FAULT (no sglang needed)."""
 from __future__ import annotations
 
+COMPONENTS = ("full,mamba", "full,swa", "full,swa,mamba")
+
 
 def make_hybrid(a, release_dir):
     """(target, description) for a.cache in ("mamba", "unified")."""
@@ -17,6 +19,11 @@ def make_hybrid(a, release_dir):
         from targets.sglang.mamba import load_mamba
         api = load_mamba(src)
         return MambaTarget(api), f"sglang {engine.version(engine.load(src))} MambaRadixCache"
+    comps = getattr(a, "components", "full,mamba")
+    if comps not in COMPONENTS:
+        raise RuntimeError(f"--components {comps}: one of {', '.join(COMPONENTS)}")
+    if "swa" in comps:
+        return unified_swa(a, src, comps)
     from targets.sglang.unified import UnifiedTarget, load_unified
     if a.fixture:
         from targets.sglang.fixture_unified import FakeUnifiedApi
@@ -29,3 +36,19 @@ def make_hybrid(a, release_dir):
             f"sglang {engine.version(engine.load(src))} UnifiedRadixCache (cache_*_req)"
     api = load_unified(src)
     return UnifiedTarget(api), f"sglang {engine.version(engine.load(src))} UnifiedRadixCache"
+
+
+def unified_swa(a, src, comps: str):
+    """`--cache unified --components full,swa[,mamba]`: targets.sglang.unified_swa (0.5.23)."""
+    from targets.sglang.unified_swa import UnifiedSwaTarget, load_unified_swa
+    if a.fixture:
+        if "mamba" in comps:
+            raise RuntimeError("the unified SWA fixture has Full + SWA only (--components full,swa)")
+        from targets.sglang.fixture_unified_swa import FakeUnifiedSwaApi
+        return UnifiedSwaTarget(FakeUnifiedSwaApi(None if a.fixture == "none" else a.fixture)), \
+            f"unified SWA fixture ({a.fixture})"
+    from targets.sglang import engine
+    api = load_unified_swa(src, mamba="mamba" in comps)
+    if not hasattr(api.mod.UnifiedRadixCache, "checkpoint"):
+        raise RuntimeError("--components with swa drives 0.5.23's UnifiedRadixCache (checkpoint); this one has none")
+    return UnifiedSwaTarget(api), f"sglang {engine.version(engine.load(src))} UnifiedRadixCache ({comps.upper()})"

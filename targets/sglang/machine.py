@@ -6,7 +6,10 @@ a stored stream. Everything else -- judging every view with spec.rules, the spec
 policy differences, replay and `minimize` -- is targets.machine's.
 
 `campaign(target, minutes)` hunts round-robin until the time is up; each new rule's program is
-reduced by targets.machine.minimize (kept to <= 12 operations when it can be).
+reduced by targets.machine.minimize (kept to <= 12 operations when it can be). The target runs
+inside targets.sglang.crash.Guarded: an exception raised in SGLang's code is rule PANIC (its program
+reduced while it keeps raising the same exception type in the same SGLang function); one raised in ours
+stops the campaign with its traceback.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
 from hypothesis.stateful import precondition, rule, run_state_machine_as_test
 
-from targets.machine import Hunt, TargetMachine, minimize
+from targets.machine import Hunt, TargetMachine, minimize, replay_checked, well_formed
+from targets.sglang.crash import SglangCrash, guard
 from targets.report import Campaign, Finding
 
 TOK = st.integers(1, 6)
@@ -61,6 +65,7 @@ def hunt_once(target, hunt: Hunt, max_examples: int = 40, steps: int = 15):
 
 def campaign(target, minutes: float, max_examples: int = 40, steps: int = 15, on_finding=None,
              log=None) -> Campaign:
+    target = guard(target)
     hunt = Hunt(rules=frozenset(target.RULES) | {"PANIC"})
     deadline = time.monotonic() + minutes * 60
     out = Campaign(target.name, ("kv",), minutes)
@@ -68,7 +73,7 @@ def campaign(target, minutes: float, max_examples: int = 40, steps: int = 15, on
         out.runs += 1
         e = hunt_once(target, hunt, max_examples=max_examples, steps=steps)
         if e is not None and e.rule not in out.findings:
-            ops = minimize(target, e.ops, e.rule)
+            ops = minimize_crash(target, e.ops) if e.rule == "PANIC" else minimize(target, e.ops, e.rule)
             f = Finding(e.rule, "kv", hunt.seen.get(e.rule, hunt.found[e.rule]), e.message, ops)
             out.findings[e.rule] = f
             if log:
@@ -78,3 +83,36 @@ def campaign(target, minutes: float, max_examples: int = 40, steps: int = 15, on
     out.seconds = time.monotonic() - hunt.t0
     out.steps, out.policy = hunt.steps, hunt.policy
     return out
+
+
+def crash_of(target, ops: list):
+    """The SglangCrash a well-formed program raises on `target` (a Guarded one), or None."""
+    if not well_formed(ops):
+        return None
+    try:
+        replay_checked(target, ops)
+    except SglangCrash as c:
+        return c
+    except ValueError:                            # not a pipeline order
+        return None
+    return None
+
+
+def minimize_crash(target, ops: list) -> list:
+    """targets.machine.minimize for a crash: drop whole requests, then single operations, while the
+    program still raises the same exception type in the same SGLang function."""
+    first = crash_of(target, ops)
+    if first is None:
+        return list(ops)
+    best, changed = list(ops), True
+    while changed:
+        changed = False
+        starts = [i for i, o in enumerate(best) if o["op"] == "begin"]
+        blocks = [(s, next((j for j in range(s, len(best)) if best[j]["op"] == "close"), len(best) - 1) + 1)
+                  for s in starts] + [(i, i + 1) for i in range(len(best) - 1, 0, -1)]
+        for a, b in blocks:
+            c = crash_of(target, best[:a] + best[b:])
+            if c is not None and c.signature == first.signature:
+                best, changed = best[:a] + best[b:], True
+                break
+    return best

@@ -35,6 +35,12 @@ def _state(pool, slot: int, n: int) -> list:
 
 def view_of(t) -> View:
     d = view_dict(t)
+    add_states(d, t, 1)
+    return View.from_dict(d)
+
+
+def add_states(d: dict, t, layer: int) -> dict:
+    """d (view_dict(t), maybe with other layers) with the recurrent layer as layer `layer`."""
     p = t.mpool
     d["layers"].append({"kind": "recurrent", "cost": 1, "window": 0})
     by_keys = {tuple(n["keys"]): n for n in d["nodes"]}
@@ -48,7 +54,7 @@ def view_of(t) -> View:
         if any(x not in p.allocated for x in slots):
             released.append(("mamba", s))
         e = len(keys)
-        by_keys[tuple(keys)]["snaps"].append({"layer": 1, "kind": "recurrent", "start": e, "end": e, "bytes": 0,
+        by_keys[tuple(keys)]["snaps"].append({"layer": layer, "kind": "recurrent", "start": e, "end": e, "bytes": 0,
                                               "ident": ("mamba", s), "content": _state(p, s, e)})
     for s in p.double_frees:
         released += [("mamba", s), ("mamba", s)]
@@ -67,4 +73,4 @@ def view_of(t) -> View:
     if q is not None and q["resume"] < q["matched"]:
         q["schedule"] = [[q["matched"], True]]
     d["counter"] += UNIT * (t.mamba_counted() - len(t.mamba_nodes()))
-    return View.from_dict(d)
+    return d

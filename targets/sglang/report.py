@@ -9,11 +9,25 @@ differences (spec vs SGLang, no rule broken) are counted apart.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from targets.report import meaning, program_text
 from targets.sglang.export import export
 from targets.sglang import rules as full_rules
+
+
+PANIC_MEANING = ("SGLang's own code raised an exception on a well-formed program (targets.sglang.crash: the "
+                 "innermost frame of SGLang's or ours is SGLang's)")
+
+
+def cause(rule: str, message: str, causes: dict) -> tuple:
+    """(SGLang function, why) for a violated rule; for PANIC the raising frame named in the message."""
+    if rule == "PANIC":
+        m = re.search(r"(\w+) in (\S+) \(([^)]+)\)", message)
+        if m:
+            return f"{m.group(2)} ({m.group(3)})", f"raised {m.group(1)} there"
+    return causes.get(rule, ("(the cache under check)", ""))
 
 
 def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False, target=None,
@@ -22,7 +36,7 @@ def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False, 
     drives RadixCache only): the program replays with `--cache swa --replay`. `target`: a
     targets.sglang.reqcalls.ReqTarget (`--cache req`) or swa_eagle.SwaPagedTarget (`--cache swa
     --eagle` / `--page-size`): its rules, and the export of targets.sglang.export_req / export_swa.
-    `rules_of` ("mamba", "unified"): the rules of targets.sglang.rules_<rules_of>, no pytest export
+    `rules_of` ("mamba", "unified", "unified_swa"): the rules of targets.sglang.rules_<rules_of>, no pytest export
     (the programs replay with `--cache mamba|unified --replay`)."""
     if rules_of:
         import importlib
@@ -46,16 +60,16 @@ def write(d, c, what: str, command: str, page_size: int = 1, swa: bool = False, 
     md += [f"- {r}: {why}" for r, why in sorted(NOT_APPLICABLE.items())]
     md += ["", "| rule | found after | shrunk length | SGLang function | violation |", "|---|---|---|---|---|"]
     for rule, f in sorted(c.findings.items()):
-        fn = CAUSES.get(rule, ("(the cache under check)", ""))[0]
+        fn = cause(rule, f.message, CAUSES)[0]
         md.append(f"| {rule} | {f.seconds:.1f} s | {f.length} | `{fn}` | {f.message} |")
     if not c.findings:
         md.append("| (none) | | | | |")
     md.append("")
     for rule, f in sorted(c.findings.items()):
-        fn, why = CAUSES.get(rule, ("(the cache under check)", ""))
+        fn, why = cause(rule, f.message, CAUSES)
         (d / "programs" / f"{rule}.json").write_text(json.dumps(
             dict(rule=rule, what=what, message=f.message, ops=f.ops), indent=1))
-        md += [f"## {rule}", "", f"*Rule:* {meaning(rule)}", "", f"*Where:* `{fn}`: {why}.", "",
+        md += [f"## {rule}", "", f"*Rule:* {PANIC_MEANING if rule == 'PANIC' else meaning(rule)}", "", f"*Where:* `{fn}`: {why}.", "",
                f"Found after {f.seconds:.1f} s; shrunk to {f.length} operations (`programs/{rule}.json`; "
                f"`./dev check-sglang --replay programs/{rule}.json --releases A,B,...` names the first release "
                "where it stops):", "", "```", program_text(f.ops), "```", ""]

@@ -26,6 +26,15 @@ from targets.sglang.view import UNIT, view_dict
 
 def view_of(t) -> View:
     d = view_dict(t)
+    add_window(d, t, 1)
+    return View.from_dict(d)
+
+
+def add_window(d: dict, t, layer: int) -> dict:
+    """d (view_dict(t), maybe with other layers) with the windowed layer as layer `layer`. A node whose
+    own SWA indices are readable (`swa_value`: UnifiedRadixCache's SWA component) and differ from what
+    the pool maps its full slots to shows those positions' content as a marker (the tree would free
+    other slots than the ones a hit reads)."""
     a, W = t.alloc, t.window
     d["layers"].append({"kind": "windowed", "cost": 1, "window": W})
     root = t.cache.root_node
@@ -42,6 +51,13 @@ def view_of(t) -> View:
             elif since is not None:
                 since += len(m.value)
         slots = t.slots_of(n)
+        off = 0
+        for m in path:
+            own = getattr(m, "swa_value", None)
+            full = [int(x) for x in m.value.tolist()]
+            if own is not None and [int(x) for x in own.tolist()] != [a.mapping.get(s, 0) for s in full]:
+                slots[off:off + len(full)] = [("swa value differs", s) for s in full]
+            off += len(full)
         if not getattr(n, "swa_tombstone", False):
             for s in (int(x) for x in n.value.tolist()):
                 w = a.mapping.get(s, 0)
@@ -52,7 +68,7 @@ def view_of(t) -> View:
         if since is None or since >= W:
             lo = max(0, e - W)
             by_keys[tuple(keys)]["snaps"].append(
-                {"layer": 1, "kind": "windowed", "start": e, "end": e, "bytes": 0,
+                {"layer": layer, "kind": "windowed", "start": e, "end": e, "bytes": 0,
                  "content": [a.swa_content(slots[p], p) for p in range(lo, e)]})
     for w in a.swa_double_frees:
         released += [("swa", w), ("swa", w)]
@@ -71,4 +87,4 @@ def view_of(t) -> View:
     if q is not None and q["resume"] < q["matched"]:
         q["schedule"] = [[q["matched"], True]]
     d["counter"] += UNIT * (t.swa_counted() - t.swa_cached())
-    return View.from_dict(d)
+    return d

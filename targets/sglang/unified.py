@@ -130,11 +130,34 @@ class FakeReq(SimpleNamespace):
     def finished(self) -> bool:
         return self.done
 
+    def get_fill_ids(self):
+        return self.full_untruncated_fill_ids
+
+
+class KvRecord(SimpleNamespace):
+    """The request's kv record as the cache and SGLang's window helpers read it: per component, the
+    position below which the request's own slots were released (`get/set_evicted_seqlen`), the lowest
+    position it may release itself (above its tree-owned prefix and `swa_evict_floor`), `holds_kv`."""
+
+    def get_evicted_seqlen(self, component) -> int:
+        return self.evicted.get(component, 0)
+
+    def set_evicted_seqlen(self, component, n: int) -> None:
+        self.evicted[component] = int(n)
+
+    def swa_dead_lo(self, page_size: int) -> int:
+        return max(self.cache_protected_len, self.swa_evict_floor)      # page size 1
+
+    @property
+    def holds_kv(self) -> bool:
+        return self.req_pool_idx is not None
+
 
 class UnifiedTarget(MambaTarget):
     name = "sglang-unified"
     RULES = RULES
     NOT_APPLICABLE = NOT_APPLICABLE
+    has_mamba = True
 
     def reset(self, budget: int = 1 << 40, chunk: int | None = None, **_config):
         self.chunk = chunk or self.chunk
@@ -204,30 +227,23 @@ class UnifiedTarget(MambaTarget):
         keys = tuple(int(k) for k in keys)
         self.clock += 1
         matched = self._longest(keys)
-        kv = SimpleNamespace(req_pool_idx=0, cache_protected_len=0, cache_inserted_len=0, mamba_pool_idx=None,
-                             holds_mamba=False, mamba_cow_src_index=None, mamba_needs_clear=True,
-                             mamba_last_track_seqlen=None, mamba_prev_track_seqlen=None, swa_evict_floor=0,
-                             get_evicted_seqlen=lambda _c: 0, swa_dead_lo=lambda _p: 0)
+        kv = KvRecord(req_pool_idx=0, cache_protected_len=0, cache_inserted_len=0, mamba_pool_idx=None,
+                      holds_mamba=False, mamba_cow_src_index=None, mamba_needs_clear=True,
+                      mamba_last_track_seqlen=None, mamba_prev_track_seqlen=None, swa_evict_floor=0, evicted={})
         f = self.fake = FakeReq(rid="r", kv=kv, origin_input_ids=list(keys), output_ids=[], done=False,
                                 full_untruncated_fill_ids=[], extra_key=None, cache_salt=None, priority=None,
                                 session_id=None, session=None, kv_rotation_base=None, finished_reason=None, lock=None,
-                                last_node=None)
+                                last_node=None, swa_branching_seqlen=None)
         self.r2t.req = kv
         res = self.call(self.cache.match_prefix, self.api.MatchPrefixParams(
             key=self.api.RadixKey(list(keys[:-1])), req=f, cow_mamba=True))
         f.last_node = res.last_device_node
+        f.swa_branching_seqlen = getattr(res, "swa_branching_seqlen", None)     # match_prefix_for_req's copy
         n = int(res.device_prefix_len)
         slots = [int(x) for x in self.call(self.cache.path_device_indices, f.last_node)[:n].tolist()]
         f.lock = self.call(self.cache.lock, f.last_node)
-        if kv.mamba_pool_idx is None:                     # alloc_req_slots: a fresh (zero) state
-            if not self.mpool.available_size():
-                self.call(self.cache.evict, self.api.EvictParams(num_tokens=0, mamba_num=1))
-            kv.mamba_pool_idx = self.mpool.alloc(1)[0]
-            self.mpool.tags[int(kv.mamba_pool_idx)] = ()
-        kv.holds_mamba = True
-        if kv.mamba_cow_src_index is not None:            # the forward stream's deferred copy on write
-            self.mpool.copy_from(kv.mamba_cow_src_index, self.api.tensor([int(kv.mamba_pool_idx)]))
-            kv.mamba_cow_src_index = None
+        if self.has_mamba:
+            self._state_for(kv)
         kv.cache_protected_len = len(slots)
         self.r2t.req_to_token[0, :len(slots)] = self.api.tensor(slots)
         node = self._node(f.last_node)
@@ -237,13 +253,26 @@ class UnifiedTarget(MambaTarget):
         self.outcome = (matched, len(slots))
         return self.outcome
 
+    def _state_for(self, kv) -> None:
+        """alloc_req_slots' mamba part: the request's state slot, and the deferred copy on write."""
+        if kv.mamba_pool_idx is None:                     # alloc_req_slots: a fresh (zero) state
+            if not self.mpool.available_size():
+                self.call(self.cache.evict, self.api.EvictParams(num_tokens=0, mamba_num=1))
+            kv.mamba_pool_idx = self.mpool.alloc(1)[0]
+            self.mpool.tags[int(kv.mamba_pool_idx)] = ()
+        kv.holds_mamba = True
+        if kv.mamba_cow_src_index is not None:            # the forward stream's deferred copy on write
+            self.mpool.copy_from(kv.mamba_cow_src_index, self.api.tensor([int(kv.mamba_pool_idx)]))
+            kv.mamba_cow_src_index = None
+
     def _forward(self, keys) -> None:
         r = self.req
         p = len(r["seq"])
         r["seq"].extend(int(k) for k in keys)
         r["slots"].extend(self.alloc.alloc_for(tuple(r["seq"]), p, len(r["seq"])).tolist())
         self.r2t.req_to_token[0, :len(r["slots"])] = self.api.tensor(r["slots"])
-        self.mpool.tags[int(self.fake.kv.mamba_pool_idx)] = tuple(r["seq"])
+        if self.has_mamba:
+            self.mpool.tags[int(self.fake.kv.mamba_pool_idx)] = tuple(r["seq"])
 
     def _checkpoint(self, up_to: int) -> None:
         r, f = self.req, self.fake
