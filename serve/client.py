@@ -41,7 +41,10 @@ class ClientClosed(RunnerError):
 
 
 class RunnerDied(RunnerError):
-    """The runner process exited on its own (crash, OOM kill, SIGKILL from outside)."""
+    """The runner process exited on its own (crash, OOM kill, SIGKILL from outside). ``answered``: whether
+    the request had received any line from the runner (False: nothing of it reached the caller)."""
+
+    answered = True
 
 
 class RunnerLoadError(RunnerError):
@@ -275,7 +278,9 @@ class RunnerClient:
         if self._port is None or self._ready is None:
             raise RunnerError(f"runner for {self.model!r} is not loaded")
         if not self.alive():
-            raise self._death_error()
+            err = self._death_error()
+            err.answered = False            # no request was sent
+            raise err
         return http.client.HTTPConnection("127.0.0.1", self._port, timeout=timeout)
 
     def _failed(self, exc: BaseException) -> RunnerError:
@@ -333,6 +338,7 @@ class RunnerClient:
         done = threading.Event()
         cancelled = threading.Event()
         tokens: list = []
+        answered = False
         try:
             conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
             sock = conn.sock          # http.client forgets it once a close-delimited response starts
@@ -354,6 +360,7 @@ class RunnerClient:
                 line = resp.readline()
                 if not line:
                     break
+                answered = True
                 msg = json.loads(line)
                 if "error" in msg:
                     raise RunnerRequestError(500, str(msg["error"]))
@@ -368,7 +375,10 @@ class RunnerClient:
         except (OSError, http.client.HTTPException, ValueError) as e:
             if cancelled.is_set():
                 return {"done": True, "tokens": tokens, "cancelled": True, "stats": {}}
-            raise self._failed(e) from e
+            err = self._failed(e)
+            if isinstance(err, RunnerDied):
+                err.answered = answered
+            raise err from e
         finally:
             done.set()
             conn.close()

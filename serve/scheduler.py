@@ -12,7 +12,8 @@
   is recorded in ``decisions`` so tests can check it against the spec.
 - Requests to one runner are serialised; loads are serialised with each other.
 - A runner that died is dropped (and reaped); the request that saw it fails with
-  ``RunnerDied``, and the next request loads a fresh runner.
+  ``RunnerDied``, and the next request loads a fresh runner. A request that got no line from the
+  runner before it died (it died idle, before its exit was seen) is run once more on a fresh runner.
 
 Memory figures, the size estimate and the runner factory are injectable for tests (a runner
 without a process: tests/support/in_process_runner.py).
@@ -315,6 +316,8 @@ class Scheduler:
                                                    on_token=on_token, cancel=cancel, **request)
                     except RunnerDied as exc:
                         self._drop(e, str(exc))
+                        if attempt == 0 and not exc.answered:
+                            continue    # it died before answering (idle, exit not yet seen): one fresh runner
                         raise
                     except ClientClosed as exc:
                         raise SchedulerBusy(f"runner for {name!r} was unloaded during the request") from exc

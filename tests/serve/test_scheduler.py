@@ -249,6 +249,25 @@ def test_runner_that_died_while_idle_is_replaced(sched):
     assert any(k == "died" for _, k, _, _ in s.events)
 
 
+def test_runner_whose_death_is_not_yet_seen_is_replaced(sched, monkeypatch):
+    """The runner died while idle, but its exit is not yet seen when the next request arrives (on a GPU
+    host a killed CUDA process takes seconds to exit): the request finds the port closed before any line
+    of it was answered, and runs on a fresh runner instead of failing."""
+    s = sched(Figures(), {"a": MiB})
+    s.generate("a", [1], 1)
+    pid = s.loaded()[0]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while status(pid) not in (None, psutil.STATUS_ZOMBIE) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    monkeypatch.setattr(s, "_purge_dead_locked", lambda: None)     # the exit is not seen before the request
+    assert s.generate("a", [1], 2)["done"]
+    monkeypatch.undo()
+    assert s.loaded()[0]["pid"] != pid
+    assert [k for _, k, _, _ in s.events].count("died") == 1
+    assert [k for _, k, _, _ in s.events].count("load_start") == 2
+
+
 def test_failed_load_leaves_nothing_and_can_be_retried(sched):
     def factory(name):
         return RunnerClient(name, engine=FAKE_ENGINE, load_timeout=30,
