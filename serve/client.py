@@ -24,8 +24,6 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 from urllib.parse import urlencode
 
-import psutil
-
 from impl.platform import preload_env
 from spec.scheduler import LOADING, NEW, client_transition
 
@@ -44,7 +42,9 @@ class RunnerDied(RunnerError):
     """The runner process exited on its own (crash, OOM kill, SIGKILL from outside). ``answered``: whether
     the request had received any line from the runner (False: nothing of it reached the caller)."""
 
-    answered = True
+    def __init__(self, msg: str, answered: bool = True):
+        super().__init__(msg)
+        self.answered = answered
 
 
 class RunnerLoadError(RunnerError):
@@ -133,14 +133,14 @@ class RunnerClient:
     def stderr_tail(self, n: int = 10) -> str:
         return "\n".join(list(self._stderr)[-n:])
 
-    def _death_error(self) -> RunnerDied:
+    def _death_error(self, answered: bool = True) -> RunnerDied:
         p = self._proc
         rc = p.poll() if p is not None else None
         tail = self.stderr_tail(6)
         msg = f"runner for model {self.model!r} (pid {self.pid}) {describe_exit(rc)}"
         if tail:
             msg += f"; last stderr:\n{tail}"
-        return RunnerDied(msg)
+        return RunnerDied(msg, answered)
 
     # ----------------------------------------------------------------- life cycle
     def command(self) -> list:
@@ -278,12 +278,10 @@ class RunnerClient:
         if self._port is None or self._ready is None:
             raise RunnerError(f"runner for {self.model!r} is not loaded")
         if not self.alive():
-            err = self._death_error()
-            err.answered = False            # no request was sent
-            raise err
+            raise self._death_error(answered=False)         # no request was sent
         return http.client.HTTPConnection("127.0.0.1", self._port, timeout=timeout)
 
-    def _failed(self, exc: BaseException) -> RunnerError:
+    def _failed(self, exc: BaseException, answered: bool = True) -> RunnerError:
         """Turn a transport failure into RunnerDied if the process is gone."""
         p = self._proc
         if p is not None:
@@ -292,7 +290,7 @@ class RunnerClient:
             except subprocess.TimeoutExpired:
                 pass
         if not self.alive():
-            return self._death_error()
+            return self._death_error(answered)
         return RunnerError(f"request to runner for {self.model!r} failed: {type(exc).__name__}: {exc}")
 
     def _get_json(self, path: str, timeout: float = 10.0):
@@ -375,10 +373,7 @@ class RunnerClient:
         except (OSError, http.client.HTTPException, ValueError) as e:
             if cancelled.is_set():
                 return {"done": True, "tokens": tokens, "cancelled": True, "stats": {}}
-            err = self._failed(e)
-            if isinstance(err, RunnerDied):
-                err.answered = answered
-            raise err from e
+            raise self._failed(e, answered) from e
         finally:
             done.set()
             conn.close()
@@ -395,15 +390,3 @@ def _error_text(data: bytes) -> str:
     except ValueError:
         pass
     return data.decode("utf-8", "replace").strip()
-
-
-def runner_processes() -> list:
-    """This process's live (not zombie) runner descendants: what a close must leave none of (R1)."""
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "serve.runner" in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out

@@ -9,7 +9,7 @@ def bounded_and_clean():
     """A test that starts runner processes: a watchdog, and no runner may survive it (R1)."""
     import faulthandler
 
-    from serve.client import runner_processes
+    from tests.support.processes import runner_processes
 
     faulthandler.dump_traceback_later(120, exit=True)
     yield
@@ -33,7 +33,7 @@ def watchdog():
 @pytest.fixture(scope="module")
 def no_runner_left():
     """A module whose server starts runner processes: none may survive the module (R1)."""
-    from serve.client import runner_processes
+    from tests.support.processes import runner_processes
 
     yield
     left = runner_processes()

@@ -8,7 +8,7 @@ import json
 import ollama
 import pytest
 
-from serve.client import runner_processes
+from tests.support.processes import runner_processes
 from tests.support.servers import MiB, call, fake_server, state
 
 USER = [{"role": "user", "content": "hi"}]

@@ -16,11 +16,11 @@ import threading
 import ollama
 import pytest
 
-from serve.client import runner_processes
 from impl.engine import Engine
 from impl.models import MODEL_NAMES, shared_tokenizer
 from serve.scheduler import Scheduler
 from serve.server import make_server
+from tests.support.processes import runner_processes
 from tests.support.servers import call, lines
 
 QUESTIONS = ["What is the capital of France?", "And of Germany?", "Which of the two is larger?"]

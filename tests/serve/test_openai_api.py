@@ -8,7 +8,7 @@ import faulthandler
 import openai
 import pytest
 
-from serve.client import runner_processes
+from tests.support.processes import runner_processes
 from tests.support.servers import MiB, fake_server, state
 
 

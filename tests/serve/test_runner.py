@@ -16,8 +16,9 @@ import time
 
 import pytest
 
-from serve.client import RunnerClient, RunnerDied, RunnerRequestError, runner_env, runner_processes
+from serve.client import RunnerClient, RunnerDied, RunnerRequestError, runner_env
 from tests.support.fake_engine import FAKE_ENGINE
+from tests.support.processes import runner_processes
 
 MiB = 1 << 20
 

@@ -20,9 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import serve.client as client_mod
-from serve.client import ClientClosed, RunnerClient, RunnerDied, RunnerError, runner_processes
+from serve.client import ClientClosed, RunnerClient, RunnerDied, RunnerError
 from spec.scheduler import IllegalTransition, client_transition, no_orphan_after_close
 from tests.support.fake_engine import FAKE_ENGINE
+from tests.support.processes import runner_processes
 
 pytestmark = pytest.mark.usefixtures("bounded_and_clean")
 

@@ -15,11 +15,11 @@ import time
 import psutil
 import pytest
 
-from serve.client import RunnerClient, RunnerDied, RunnerError, runner_processes
+from serve.client import RunnerClient, RunnerDied, RunnerError
 from serve.scheduler import ModelTooLarge, NotLoaded, Scheduler, SchedulerBusy, UnknownModel
 from spec.scheduler import fit_available, fit_decision, overcommits
 from tests.support.fake_engine import FAKE_ENGINE
-from tests.support.processes import parent, status
+from tests.support.processes import parent, runner_processes, status
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -12,10 +12,10 @@ import psutil
 import pytest
 
 import spec.scheduler as S
-from serve.client import runner_processes
 from spec.scheduler import NEW, IllegalTransition, no_orphan_after_close, overcommits
 from tests.support.fake_engine import FAKE_ENGINE
 from tests.support.in_process_runner import InProcessRunner
+from tests.support.processes import runner_processes
 
 GiB = 1 << 30
 

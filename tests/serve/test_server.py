@@ -13,10 +13,11 @@ import psutil
 import pytest
 
 from serve.chat import chat
-from serve.client import runner_env, runner_processes
+from serve.client import runner_env
 from serve.scheduler import Scheduler
 from serve.server import make_server
 from tests.support.fake_engine import FAKE_ENGINE
+from tests.support.processes import runner_processes
 from tests.support.processes import status as process_status
 from tests.support.servers import call, fake_server, lines, state
 

@@ -17,3 +17,15 @@ def parent(pid: int) -> int | None:
         return psutil.Process(pid).ppid()
     except psutil.NoSuchProcess:
         return None
+
+
+def runner_processes() -> list:
+    """This process's live (not zombie) runner descendants: what a close must leave none of (R1)."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "serve.runner" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
