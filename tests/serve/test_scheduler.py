@@ -235,14 +235,20 @@ def test_runner_killed_mid_request_is_dropped_and_the_next_request_loads_a_fresh
     assert [k for _, k, n, _ in s.events].count("load_start") == 2
 
 
-def test_runner_that_died_while_idle_is_replaced(sched):
-    s = sched(Figures(), {"a": MiB})
+def kill_idle_runner(s) -> int:
+    """Load model "a" with one request, SIGKILL its runner and wait (at most 5 s) until it has exited."""
     s.generate("a", [1], 1)
     pid = s.loaded()[0]["pid"]
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
     while status(pid) not in (None, psutil.STATUS_ZOMBIE) and time.monotonic() < deadline:
         time.sleep(0.01)
+    return pid
+
+
+def test_runner_that_died_while_idle_is_replaced(sched):
+    s = sched(Figures(), {"a": MiB})
+    pid = kill_idle_runner(s)
     time.sleep(0.1)
     assert s.generate("a", [1], 2)["done"]
     assert s.loaded()[0]["pid"] != pid
@@ -254,12 +260,7 @@ def test_runner_whose_death_is_not_yet_seen_is_replaced(sched, monkeypatch):
     host a killed CUDA process takes seconds to exit): the request finds the port closed before any line
     of it was answered, and runs on a fresh runner instead of failing."""
     s = sched(Figures(), {"a": MiB})
-    s.generate("a", [1], 1)
-    pid = s.loaded()[0]["pid"]
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while status(pid) not in (None, psutil.STATUS_ZOMBIE) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    pid = kill_idle_runner(s)
     monkeypatch.setattr(s, "_purge_dead_locked", lambda: None)     # the exit is not seen before the request
     assert s.generate("a", [1], 2)["done"]
     monkeypatch.undo()
