@@ -77,13 +77,17 @@ def shared_tokenizer():
     return _tokenizer
 
 
+def _key(name: str, dtype: str) -> str:
+    return name if dtype == "float32" else f"{name}@{dtype}"
+
+
 def load(name: str, dtype: str | None = None) -> LoadedModel:
     if name not in MODEL_NAMES:
         raise KeyError(f"unknown model {name!r}; known: {MODEL_NAMES}")
     dtype = dtype or default_dtype()
     if dtype not in DTYPES or (dtype == "q4" and name != "smollm2"):
         raise KeyError(f"dtype {dtype!r} for {name}; known: {DTYPES} (q4: smollm2's GGUF only)")
-    key = name if dtype == "float32" else f"{name}@{dtype}"
+    key = _key(name, dtype)
     with _lock:
         if key in _loaded:
             return _loaded[key]
@@ -143,14 +147,18 @@ def _probe(model, name: str, dtype: str) -> None:
                                "(load it in float32)") from None
 
 
-def estimate_bytes(name: str) -> int:
-    """Float32 weight bytes a load of `name` will hold, from its configuration alone: the model is
-    built lazily (MLX does not evaluate the initial weights) and only its parameter sizes are
-    read. The scheduler's fit check (F1) uses this for a first load."""
+def estimate_bytes(name: str, dtype: str | None = None) -> int:
+    """Weight bytes a load of `name` in `dtype` (default: default_dtype(), as load) will hold, from its
+    configuration alone: the model is built lazily (MLX does not evaluate the initial weights) and only
+    its parameter sizes are read; "q4" counts SmolLM2's GGUF tensors as shipped. The scheduler's fit
+    check (F1) uses this for a first load."""
     if name not in MODEL_NAMES:
         raise KeyError(f"unknown model {name!r}; known: {MODEL_NAMES}")
-    if name in _loaded:
-        return _loaded[name].weight_bytes
+    dtype = dtype or default_dtype()
+    if dtype not in DTYPES or (dtype == "q4" and name != "smollm2"):
+        raise KeyError(f"dtype {dtype!r} for {name}; known: {DTYPES} (q4: smollm2's GGUF only)")
+    if _key(name, dtype) in _loaded:
+        return _loaded[_key(name, dtype)].weight_bytes
     import mlx.core as mx
     from mlx_lm.models import llama
 
@@ -158,6 +166,8 @@ def estimate_bytes(name: str) -> int:
         from . import smollm2
 
         w, meta = mx.load(str(smollm2.gguf_path()), return_metadata=True)
+        if dtype == "q4":
+            return sum(v.nbytes for v in w.values())
         model = llama.Model(smollm2.model_args(meta, "output.weight" in w))
         del w
     else:
@@ -170,4 +180,4 @@ def estimate_bytes(name: str) -> int:
     params = dict(tree_flatten(model.parameters()))
     if name == "gemma3":
         params.pop("lm_head.weight", None)     # tied to the embedding, as hybrid.generate saves it
-    return sum(v.size for v in params.values()) * 4
+    return sum(v.size for v in params.values()) * (4 if dtype == "float32" else 2)
