@@ -251,7 +251,7 @@ class ServerDriver:
             from mlx_lm.generate import BatchGenerator
             # server defaults: --decode-concurrency 32, --prompt-concurrency 8, --prefill-step-size 2048
             self.bg = BatchGenerator(self.recorder, completion_batch_size=32, prefill_batch_size=8,
-                                     prefill_step_size=2048)
+                                     prefill_step_size=2048, stream=_server_stream())
         cache, segments, types = res._pending
         res._pending = None
         prompt, count = list(res.prompt), res.count
@@ -333,7 +333,7 @@ class ServerDriver:
                                      prompt_cache=cache, draft_model=self.draft_model,
                                      num_draft_tokens=self.num_draft_tokens, prefill_step_size=2048,
                                      kv_bits=self.kv_bits, kv_group_size=64,
-                                     quantized_kv_start=self.quantized_kv_start):
+                                     quantized_kv_start=self.quantized_kv_start, stream=_server_stream()):
                 res.logprobs.append(g.logprobs)
                 res.generated.append(g.token)
                 cache_key.append(g.token)
@@ -352,6 +352,13 @@ class ServerDriver:
         self._current = None
         self._after(res, gen)
         return res
+
+
+def _server_stream():
+    """The stream the server's generation thread passes to BatchGenerator and stream_generate: the
+    default stream of the default device, read when it runs (mlx_lm.generate's own default is a stream
+    of the device that was the default when it was imported)."""
+    return mx.default_stream(mx.default_device())
 
 
 def _offset(c) -> int:
