@@ -8,6 +8,10 @@ mutation: the ci volume without shrinking, for stateful_tests/mutation.py;
          mutation-deep: its second pass (400 examples of 60 steps).
 Select with HYPOTHESIS_PROFILE; CI=true selects "ci".
 
+A test whose model cannot load in $PREFIX_TRIE_DTYPE on this backend (impl.models.DtypeUnsupported: a
+half-precision load whose first token needs a kernel the backend lacks, e.g. the MoE models on MLX's
+CPU) is skipped with that message; float32 loads never raise it.
+
 Example database: Hypothesis's default (.hypothesis/examples) unless HYPOTHESIS_GITHUB_REPO=owner/name
 is set; then dev and nightly read the nightly's merged database of that repository too, read only
 (stateful_tests/database.py, docs/fuzz.md "Sharded nightly"). Derandomized profiles have none.
@@ -15,8 +19,10 @@ is set; then dev and nightly read the nightly's merged database of that reposito
 import importlib.util
 import os
 
+import pytest
 from hypothesis import HealthCheck, Phase, settings
 
+from impl.models import DtypeUnsupported
 from impl.platform import apply_device_env
 from stateful_tests.database import shared_example_database
 
@@ -48,3 +54,20 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 
 def pytest_report_header(config):
     return f"hypothesis profile: {settings._current_profile}"
+
+
+def _dtype_unsupported_is_a_skip():
+    try:
+        return (yield)
+    except DtypeUnsupported as e:
+        pytest.skip(f"{e} (PREFIX_TRIE_DTYPE={os.environ.get('PREFIX_TRIE_DTYPE')})")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _dtype_unsupported_is_a_skip())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _dtype_unsupported_is_a_skip())

@@ -130,6 +130,11 @@ def describe(p, depth: int = 0) -> str:
 
 
 # ------------------------------------------------------------------------------------ stock caches
+def host_bits(a: mx.array) -> np.ndarray:
+    """An exact numpy copy of `a`; bfloat16, which numpy lacks, as its uint16 bits."""
+    return np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
+
+
 class _Host:
     """An array kept in host memory (numpy), so that memoised states do not count as MLX memory (the
     fuzz's MEM oracle counts every MLX array of the process); bfloat16 travels as its bits."""
@@ -137,7 +142,7 @@ class _Host:
 
     def __init__(self, a: mx.array):
         self.dtype = a.dtype
-        self.data = np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
+        self.data = host_bits(a)
 
     def thaw(self) -> mx.array:
         a = mx.array(self.data)

@@ -41,7 +41,7 @@ def test_a_planted_logit_error_on_a_continuous_model_is_no_tie(error):
         r = runner.engine.generate(tokens, 1, stop_at_eos=False)
         assert r.stats.resumed > 0 and r.stats.chunks
         cold = runner.oracle.get(lm, tokens, [], 1)
-        first = np.array(r.first_logits)
+        first = np.array(r.first_logits.astype(mx.float32))
         assert np.abs(first - cold.logits).max() <= runner.tol          # the honest state passes C1
         planted = first.copy()
         planted[int(np.argmax(planted))] += error
@@ -84,7 +84,7 @@ def test_a_media_prompt_without_one_cold_answer_is_a_tie_and_a_planted_error_is_
     cold = Engine(lm, chunk_size=4096, capture_interval=0, near_end=0).generate(
         list(tokens), max_tokens=1, media=media, stop_at_eos=False)
     first = np.array(r.first_logits.astype(mx.float32))
-    diff = float(np.abs(first - np.array(cold.first_logits)).max())
+    diff = float(np.abs(first - np.array(cold.first_logits.astype(mx.float32))).max())
     if diff <= tol:
         pytest.skip(f"this platform's cold path agrees with itself here ({diff:.3g} <= tol {tol:.3g})")
     tie = chunking_tie(lm, tokens, media, r, first, tol)

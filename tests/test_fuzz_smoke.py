@@ -29,9 +29,14 @@ def test_fuzz_smoke_campaign(tmp_path):
         assert (report / name).is_file() and (report / name).stat().st_size > 0, name
     rep = json.loads((report / "summary.json").read_text())
     assert rep["totals"]["failures"] == 0 and rep["failures"] == []
-    from impl.models import MODEL_NAMES
+    from impl.models import MODEL_NAMES, default_dtype
 
-    assert set(rep["per_model"]) == set(MODEL_NAMES)
+    # every model runs, but one the backend cannot run in $PREFIX_TRIE_DTYPE (the MoE models in half
+    # precision on MLX's CPU), which is listed as not run with the reason
+    not_run = {x["model"]: x["why"] for x in rep.get("not_run", [])}
+    assert set(rep["per_model"]) | set(not_run) == set(MODEL_NAMES) and not set(rep["per_model"]) & set(not_run)
+    assert not not_run or default_dtype() != "float32", not_run
+    assert all(default_dtype() in why for why in not_run.values()), not_run
     for name, s in rep["per_model"].items():
         assert s["requests"] == REQUESTS, name
         assert s["checks"] > 0 and s["requests_per_min"] > 0, name
@@ -44,7 +49,7 @@ def test_fuzz_smoke_campaign(tmp_path):
         assert s["max_paged_out"] == max(r[1] for r in s["series"]), name
     t = rep["totals"]
     assert t["ideal"] <= t["prefilled"] <= t["no_cache"]
-    assert t["requests"] == len(MODEL_NAMES) * REQUESTS
+    assert t["requests"] == len(rep["per_model"]) * REQUESTS
     md = (report / "summary.md").read_text()
     assert "No failures." in md and all(m in md for m in rep["per_model"])
 

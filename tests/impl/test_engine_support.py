@@ -39,6 +39,7 @@ import numpy as np
 from hypothesis import settings
 
 from fuzz.calibrate import tie_gap, tolerance
+from fuzz.replayer import host_bits
 from impl.engine import Engine, _arrays
 from impl.media import noncausal_spans, validate_media
 from impl.trie import walk
@@ -203,7 +204,7 @@ def engine_state(e: Engine) -> dict:
         arrays = list(_arrays(c))
         mx.eval(*arrays)
         caches.append({"offset": c.offset, "idx": getattr(c, "_idx", None), "ids": [id(a) for a in arrays],
-                       "data": [np.array(a) for a in arrays]})
+                       "data": [host_bits(a) for a in arrays]})
     snaps = [(id(n), i, id(s), s.lazy, s.size) for n in walk(e.pc.root) for i, s in enumerate(n.snaps)
              if s is not None]
     return {"dump": strip_ages(e.dump_json()), "counter": e.pc.counter, "paged_out": e.memory()["paged_out"],
