@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from serve.budget import available_memory, total_memory
 from serve.client import ClientClosed, RunnerClient, RunnerDied, RunnerError
 from spec.scheduler import fit_decision
 
@@ -52,16 +53,6 @@ class SchedulerBusy(SchedulerError):
 
 class SchedulerClosed(SchedulerError):
     status = 503
-
-
-def _psutil_total() -> int:
-    import psutil
-    return int(psutil.virtual_memory().total)
-
-
-def _psutil_available() -> int:
-    import psutil
-    return int(psutil.virtual_memory().available)
 
 
 def runner_bytes(mem: dict) -> int:
@@ -121,8 +112,8 @@ class Decision:
 class Scheduler:
     def __init__(self, runner_factory: Optional[Callable[[str], Any]] = None, *,
                  engine: str = "real", runner_args=(), budget_bytes: Optional[int] = None,
-                 device_total: Callable[[], int] = _psutil_total,
-                 system_free: Callable[[], int] = _psutil_available,
+                 device_total: Callable[[], int] = total_memory,
+                 system_free: Callable[[], int] = available_memory,
                  required_bytes: Callable[[str], int] = default_required_bytes,
                  known_model: Optional[Callable[[str], bool]] = None,
                  shared_memory: bool = True, wait_timeout: float = 120.0,
