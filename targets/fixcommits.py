@@ -1,26 +1,32 @@
 """The fixing commits of the vLLM and SGLang findings (issue 49): the source trees that confirm them.
 
-Both repositories are over the fetch limit here, so no commit can be checked out. A fix is named from
-public records (docs/peers.md gives the sources) and confirmed on released code instead: the release
-before the fix with only the file at fault taken from the release after it ("swap"), and the release
-after the fix with only the fix's own change taken back out ("revert", an exact substitution written
-here; targets/onefix.py refuses text it does not find exactly once). Each tree then replays the
-saved findings with the engine's own `--replay`.
+vLLM's and SGLang's own repositories are over the fetch limit here. A fix is named from public records
+(docs/peers.md gives the sources) and confirmed on released code: the release before the fix with only
+the file at fault taken from the release after it ("swap"), and the release after the fix with only the
+fix's own change taken back out ("revert", an exact substitution written here; targets/onefix.py
+refuses text it does not find exactly once). Where a git directory holding the engine's history is
+given (SGLang: the snapshot of the fork modal-labs/sglang, which carries sgl-project/sglang's main up
+to 2026-03-26 with upstream's commit ids), a tree's base may also be a commit id: the package as it
+was at that commit (`git archive`), so the fix commit and its parent are replayed themselves. Each
+tree then replays the saved findings with the engine's own `--replay`.
 
-  build(tree, release_dir, root)    root/<name>/<package>: the tree built from unpacked releases
+  build(tree, release_dir, root)    root/<name>/<package>: the tree built from unpacked releases or commits
+  commit_dir(engine, git_dir, sha, root)   root/_commits/<sha>/<package>: the package at one commit
   replay_command(engine, finding, src)   the ./dev command line that replays one finding on one source
   verdict(engine, output)           'reproduces' | 'does not reproduce' | 'does not load' from its output
 
 `python -m targets.fixcommits [--engine vllm|sglang] [--root /tmp/fixcommits] [--run]
-[--vllm-releases DIR] [--sglang-releases DIR]` builds every tree (from DIR/X.Y.Z, else from releases
-unpacked by the engines' own helpers: `./dev check-vllm release X`, sglang's release_dir) and prints
-each replay command with the outcome expected; `--run` runs them (the engines' interpreters from
+[--vllm-releases DIR] [--sglang-releases DIR] [--sglang-git GITDIR]` builds every tree (from DIR/X.Y.Z,
+else from releases unpacked by the engines' own helpers: `./dev check-vllm release X`, sglang's
+release_dir; commit trees from GITDIR, skipped with the reason when it is not given) and prints each
+replay command with the outcome expected; `--run` runs them (the engines' interpreters from
 VLLM_PYTHON / SGLANG_PYTHON, as for the replays themselves) and prints expected against observed;
 exit status 1 when an observed outcome differs from the expected one.
 """
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
@@ -36,6 +42,10 @@ FINDINGS = {"vllm": ROOT / "targets" / "vllm" / "findings", "sglang": ROOT / "ta
 SGLANG_FLAGS = {"A2-req-eagle-page2": ["--cache", "req", "--eagle", "--page-size", "2"],
                 "A2-swa-eagle-page2": ["--cache", "swa", "--eagle", "--page-size", "2"],
                 "A2-swa-eagle-page1": ["--cache", "swa", "--eagle", "--page-size", "1"]}
+
+# where each engine's package lies in its repository (for commit trees)
+IN_REPO = {"vllm": "vllm", "sglang": "python/sglang"}
+COMMIT = re.compile(r"[0-9a-f]{40}")
 
 COORD = "v1/core/kv_cache_coordinator.py"
 RADIX, SWA = "srt/mem_cache/radix_cache.py", "srt/mem_cache/swa_radix_cache.py"
@@ -60,7 +70,7 @@ TREES = [
                  "C1-hybrid-eagle": "does not reproduce"}),
     Tree("vllm-0.25.0-with-0.26.0-coordinator", "vllm", "0.25.0", swaps=[(COORD, "0.26.0")],
          expect={"C1-mamba-eagle": "does not load"}),
-    # SGLang #13714: RadixCache.cache_finished_req frees the duplicates from cache_protected_len
+    # SGLang #13714 (ac4382263451): RadixCache.cache_finished_req frees the duplicates from cache_protected_len
     Tree("sglang-0.5.6-without-protected-len-free", "sglang", "0.5.6",
          edits=[(RADIX, """        # Radix Cache takes one ref in memory pool
         if is_insert:
@@ -82,12 +92,13 @@ TREES = [
 """)], expect={"A2-req-eagle-page2": "reproduces"}),
     Tree("sglang-0.5.5.post3-with-0.5.6-radix", "sglang", "0.5.5.post3", swaps=[(RADIX, "0.5.6")],
          expect={"A2-req-eagle-page2": "does not load"}),
-    # SGLang 0.5.6 -> 0.5.7: SWARadixCache stops freeing the EAGLE page-size-1 tail twice
+    # SGLang 0.5.6 -> 0.5.7 (#15207, 160a06cab23f): SWARadixCache stops freeing the EAGLE page-size-1 tail twice
     Tree("sglang-0.5.6-with-0.5.7-swa", "sglang", "0.5.6", swaps=[(SWA, "0.5.7")],
          expect={"A2-swa-eagle-page1": "does not reproduce", "A2-swa-eagle-page2": "reproduces"}),
     Tree("sglang-0.5.7-with-0.5.6-swa", "sglang", "0.5.7", swaps=[(SWA, "0.5.6")],
          expect={"A2-swa-eagle-page1": "reproduces"}),
-    # SGLang 0.5.7 -> 0.5.8: SWARadixCache._insert_helper frees a matched duplicate node whole
+    # SGLang 0.5.7 -> 0.5.8 (#17220, ce8a6ac69086): SWARadixCache._insert_helper frees a matched duplicate node
+    # whole; the page-2 leak stops only with #17417 (a618202fc7d3) as well, trees below
     Tree("sglang-0.5.8-without-whole-node-free", "sglang", "0.5.8",
          edits=[(SWA, "                    self.token_to_kv_pool_allocator.free(value[:prefix_len])\n\n"
                       "            total_prefix_length += prefix_len\n",
@@ -98,6 +109,33 @@ TREES = [
          expect={"A2-swa-eagle-page2": "reproduces"}),
     Tree("sglang-0.5.7-with-0.5.8-swa", "sglang", "0.5.7", swaps=[(SWA, "0.5.8")],
          expect={"A2-swa-eagle-page2": "does not load"}),
+    # SGLang commit trees (--sglang-git): each fix commit and its parent on main
+    Tree("sglang-a92afb00c-before-13714", "sglang", "a92afb00c67588e23fab6d40d5eb1da216169eb2",
+         expect={"A2-req-eagle-page2": "reproduces"}),
+    Tree("sglang-ac4382263-13714", "sglang", "ac4382263451a9e3111fc9cba928fd34e0601d74",
+         expect={"A2-req-eagle-page2": "does not reproduce"}),
+    # #15207 adds `if not self.is_eagle:` before the tail free (the page-size-1 double free stops) and so
+    # leaves the EAGLE tail unfreed for page sizes > 1, until #17417 frees it again
+    Tree("sglang-a0985dd5e-before-15207", "sglang", "a0985dd5e51296e64f13f030e664f75a89afc182",
+         expect={"A2-swa-eagle-page1": "reproduces"}),
+    Tree("sglang-160a06cab-15207", "sglang", "160a06cab23ffedf3069df2721cc976ec6df63f4",
+         expect={"A2-swa-eagle-page1": "does not reproduce", "A2-swa-eagle-page2": "reproduces"}),
+    # #17220 frees a matched duplicate node whole in _insert_helper; the unfreed EAGLE tail still leaks
+    Tree("sglang-ce8a6ac69-17220", "sglang", "ce8a6ac69086df099c1331e0ed0f059f99940318",
+         expect={"A2-swa-eagle-page2": "reproduces"}),
+    Tree("sglang-ce8a6ac69-17220-with-17417-tail-free", "sglang", "ce8a6ac69086df099c1331e0ed0f059f99940318",
+         edits=[(SWA, "            page_aligned_kv_indices = kv_indices.to(dtype=torch.int64, copy=True)\n"
+                      "            if self.is_eagle:\n"
+                      "                self.token_to_kv_pool_allocator.free(kv_indices[page_aligned_len:])\n",
+                 "            page_aligned_kv_indices = kv_indices.to(dtype=torch.int64, copy=True)\n"),
+                (SWA, "        if not self.is_eagle:\n"
+                      "            self.token_to_kv_pool_allocator.free(kv_indices[page_aligned_len:])\n",
+                 "        self.token_to_kv_pool_allocator.free(kv_indices[page_aligned_len:])\n")],
+         expect={"A2-swa-eagle-page2": "does not reproduce"}),
+    Tree("sglang-7520b9292-before-17417", "sglang", "7520b92927a503d83bae9c91eb6a17caf88a628f",
+         expect={"A2-swa-eagle-page2": "reproduces"}),
+    Tree("sglang-a618202fc-17417", "sglang", "a618202fc7d35cde0704cbc4ca9c50a9d64aa98b",
+         expect={"A2-swa-eagle-page2": "does not reproduce"}),
 ]
 
 
@@ -111,6 +149,28 @@ def build(tree: Tree, release_dir, root: Path) -> Path:
         if not src.exists():
             raise FileNotFoundError(f"{tree.name}: release {version} has no {pkg}/{rel}")
         shutil.copyfile(src, dst / pkg / rel)
+    return dst
+
+
+def commit_dir(engine: str, git_dir, sha: str, root: Path) -> Path:
+    """root/_commits/<sha>/<package>: the engine's package at commit `sha` of the git directory git_dir
+    (git archive, without its symbolic links; kept for the next tree)."""
+    if not COMMIT.fullmatch(sha):
+        raise ValueError(f"{sha!r} is not a 40-hex commit id")
+    dst = Path(root) / "_commits" / sha
+    if (dst / PACKAGE[engine] / "__init__.py").exists():
+        return dst
+    if not git_dir:
+        raise ValueError(f"commit {sha[:9]}: a commit tree needs --{engine}-git (a git directory with its history)")
+    r = subprocess.run(["git", "--git-dir", str(git_dir), "archive", sha, IN_REPO[engine]], capture_output=True)
+    if r.returncode:
+        err = (r.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
+        raise ValueError(f"commit {sha[:9]}: no {IN_REPO[engine]} there in {git_dir} ({err})")
+    dst.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "--strip-components", str(IN_REPO[engine].count("/")), "-C", str(dst)],
+                   input=r.stdout, check=True)
+    for f in [f for f in dst.rglob("*") if f.is_symlink()]:   # links out of the package (.clang-format)
+        f.unlink()
     return dst
 
 
@@ -133,9 +193,16 @@ def verdict(engine: str, output: str) -> str:
     return "no verdict"
 
 
-def _release_dir(engine: str, unpacked: str = ""):
-    """release -> directory holding its package: unpacked/<release> when given, else the engine's own
-    helper (a PyPI download, cached)."""
+def _release_dir(engine: str, unpacked: str = "", git_dir: str = "", root: Path = Path("/tmp/fixcommits")):
+    """release or commit id -> directory holding its package: a commit from git_dir (commit_dir);
+    a release from unpacked/<release> when given, else from the engine's own helper (a PyPI download,
+    cached)."""
+    rel = _releases(engine, unpacked)
+    return lambda v: commit_dir(engine, git_dir, v, root) if COMMIT.fullmatch(v) else rel(v)
+
+
+def _releases(engine: str, unpacked: str = ""):
+    """release -> directory holding its package: unpacked/<release>, else the engine's own helper."""
     if unpacked:
         return lambda v: Path(unpacked) / v
     if engine == "vllm":
@@ -151,12 +218,18 @@ def main(argv=None) -> int:
     ap.add_argument("--root", default="/tmp/fixcommits")
     ap.add_argument("--vllm-releases", default="", help="a directory holding unpacked vLLM releases as X.Y.Z/vllm")
     ap.add_argument("--sglang-releases", default="", help="the same for SGLang (X.Y.Z/sglang)")
+    ap.add_argument("--sglang-git", default="", help="a git directory with SGLang's history (`fetch` of "
+                    "modal-labs/sglang) for the commit trees; without it they are skipped")
     ap.add_argument("--run", action="store_true", help="run each replay and compare with the expected outcome")
     a = ap.parse_args(argv)
     bad = 0
     for tree in [t for t in TREES if t.engine in (a.engine or ("vllm", "sglang"))]:
         unpacked = a.vllm_releases if tree.engine == "vllm" else a.sglang_releases
-        dst = build(tree, _release_dir(tree.engine, unpacked), Path(a.root))
+        git_dir = a.sglang_git if tree.engine == "sglang" else ""
+        if COMMIT.fullmatch(tree.base) and not git_dir:
+            print(f"{tree.name}: skipped (a commit tree: needs --{tree.engine}-git)", flush=True)
+            continue
+        dst = build(tree, _release_dir(tree.engine, unpacked, git_dir, Path(a.root)), Path(a.root))
         for finding, want in tree.expect.items():
             cmd = replay_command(tree.engine, finding, dst)
             line = f"{tree.name}: {finding}: expected {want}"

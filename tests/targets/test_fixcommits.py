@@ -4,8 +4,11 @@ Always, no peer needed (well under a second): a tree is built from fake unpacked
 swapped from the other release and the revert applied, the releases untouched; a revert whose text
 the release does not hold is refused; every tree names saved findings that exist and replay flags for
 them; the vLLM revert is the exact inverse of the one-line fix targets/vllm/onefix.py applies to
-0.25.0; the verdict reader maps both engines' replay lines. The real runs are
-`python -m targets.fixcommits --run` (docs/peers.md, vLLM and SGLang "fixing commit").
+0.25.0; the verdict reader maps both engines' replay lines; a commit tree is the package at that commit
+of a git directory (a one-commit repository made here), its links dropped, and a missing git directory,
+an unknown commit or a short id is refused; each SGLang fix commit is replayed beside its parent. The
+real runs are `python -m targets.fixcommits --run [--sglang-git GITDIR]` (docs/peers.md, vLLM and SGLang
+"fixing commit").
 """
 from __future__ import annotations
 
@@ -80,3 +83,50 @@ def test_the_vllm_revert_is_the_inverse_of_the_one_line_fix():
 ])
 def test_the_verdict_is_read_from_the_replays_own_lines(engine, out, want):
     assert fc.verdict(engine, out) == want
+
+
+def _git_repo(root: Path) -> tuple:
+    """A git directory whose one commit holds python/sglang/{__init__.py,a.py} and a link out of the
+    package (as SGLang's cpp_radix_tree/.clang-format); -> (git dir, commit id)."""
+    import subprocess
+    def git(*args):
+        return subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              check=True, capture_output=True, text=True).stdout.strip()
+    pkg = root / "python" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("keep\nfix\n")
+    (pkg / "link").symlink_to("../../elsewhere")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-q", "-m", "one")
+    return root / ".git", git("rev-parse", "HEAD")
+
+
+def test_a_commit_tree_is_the_package_at_that_commit_without_links_and_with_the_revert(tmp_path):
+    git_dir, sha = _git_repo(tmp_path / "repo")
+    tree = fc.Tree("t", "sglang", sha, edits=[("a.py", "fix\n", "unfixed\n")])
+    dst = fc.build(tree, fc._release_dir("sglang", "", str(git_dir), tmp_path / "trees"), tmp_path / "trees")
+    assert (dst / "sglang" / "a.py").read_text() == "keep\nunfixed\n"
+    assert not (dst / "sglang" / "link").is_symlink()
+    assert (tmp_path / "trees" / "_commits" / sha / "sglang" / "a.py").read_text() == "keep\nfix\n"
+
+
+def test_a_commit_tree_refuses_a_missing_history_an_unknown_commit_and_a_short_id(tmp_path):
+    git_dir, sha = _git_repo(tmp_path / "repo")
+    with pytest.raises(ValueError, match="needs --sglang-git"):
+        fc.commit_dir("sglang", "", sha, tmp_path / "trees")
+    with pytest.raises(ValueError, match="no python/sglang there"):
+        fc.commit_dir("sglang", str(git_dir), "0" * 40, tmp_path / "trees")
+    with pytest.raises(ValueError, match="not a 40-hex commit id"):
+        fc.commit_dir("sglang", str(git_dir), sha[:9], tmp_path / "trees")
+
+
+def test_each_sglang_fix_commit_is_replayed_with_its_parent():
+    """The commit trees name each fix by replay: the parent reproduces, the fix commit does not."""
+    by_base = {t.base: t for t in fc.TREES if fc.COMMIT.fullmatch(t.base) and not t.edits}
+    for parent, fix, finding in [("a92afb00c", "ac4382263", "A2-req-eagle-page2"),
+                                 ("a0985dd5e", "160a06cab", "A2-swa-eagle-page1"),
+                                 ("7520b9292", "a618202fc", "A2-swa-eagle-page2")]:
+        (p,), (f,) = ([t for b, t in by_base.items() if b.startswith(x)] for x in (parent, fix))
+        assert p.expect[finding] == "reproduces" and f.expect[finding] == "does not reproduce"
