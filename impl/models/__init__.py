@@ -77,16 +77,22 @@ def shared_tokenizer():
     return _tokenizer
 
 
-def _key(name: str, dtype: str) -> str:
-    return name if dtype == "float32" else f"{name}@{dtype}"
-
-
-def load(name: str, dtype: str | None = None) -> LoadedModel:
+def _checked(name: str, dtype: str | None) -> str:
+    """The dtype a load of `name` uses (default_dtype() when None); KeyError naming what is unknown."""
     if name not in MODEL_NAMES:
         raise KeyError(f"unknown model {name!r}; known: {MODEL_NAMES}")
     dtype = dtype or default_dtype()
     if dtype not in DTYPES or (dtype == "q4" and name != "smollm2"):
         raise KeyError(f"dtype {dtype!r} for {name}; known: {DTYPES} (q4: smollm2's GGUF only)")
+    return dtype
+
+
+def _key(name: str, dtype: str) -> str:
+    return name if dtype == "float32" else f"{name}@{dtype}"
+
+
+def load(name: str, dtype: str | None = None) -> LoadedModel:
+    dtype = _checked(name, dtype)
     key = _key(name, dtype)
     with _lock:
         if key in _loaded:
@@ -152,11 +158,7 @@ def estimate_bytes(name: str, dtype: str | None = None) -> int:
     configuration alone: the model is built lazily (MLX does not evaluate the initial weights) and only
     its parameter sizes are read; "q4" counts SmolLM2's GGUF tensors as shipped. The scheduler's fit
     check (F1) uses this for a first load."""
-    if name not in MODEL_NAMES:
-        raise KeyError(f"unknown model {name!r}; known: {MODEL_NAMES}")
-    dtype = dtype or default_dtype()
-    if dtype not in DTYPES or (dtype == "q4" and name != "smollm2"):
-        raise KeyError(f"dtype {dtype!r} for {name}; known: {DTYPES} (q4: smollm2's GGUF only)")
+    dtype = _checked(name, dtype)
     if _key(name, dtype) in _loaded:
         return _loaded[_key(name, dtype)].weight_bytes
     import mlx.core as mx
