@@ -5,10 +5,11 @@ vLLM's and SGLang's own repositories are over the fetch limit here. A fix is nam
 the file at fault taken from the release after it ("swap"), and the release after the fix with only the
 fix's own change taken back out ("revert", an exact substitution written here; targets/onefix.py
 refuses text it does not find exactly once). Where a git directory holding the engine's history is
-given (SGLang: the snapshot of the fork modal-labs/sglang, which carries sgl-project/sglang's main up
-to 2026-03-26 with upstream's commit ids), a tree's base may also be a commit id: the package as it
-was at that commit (`git archive`), so the fix commit and its parent are replayed themselves. Each
-tree then replays the saved findings with the engine's own `--replay`.
+given (a fork's snapshot that carries upstream's main with upstream's commit ids -- SGLang: modal-labs/
+sglang, up to 2026-03-26; vLLM: jsboige/vllm, up to 2026-08-14, or RhizoNymph/vllm, up to 2026-07-24),
+a tree's base may also be a commit id: the package as it was at that commit (`git archive`), so the fix
+commit and its parent are replayed themselves. Each tree then replays the saved findings with the
+engine's own `--replay`.
 
   build(tree, release_dir, root)    root/<name>/<package>: the tree built from unpacked releases or commits
   commit_dir(engine, git_dir, sha, root)   root/_commits/<sha>/<package>: the package at one commit
@@ -16,12 +17,12 @@ tree then replays the saved findings with the engine's own `--replay`.
   verdict(engine, output)           'reproduces' | 'does not reproduce' | 'does not load' from its output
 
 `python -m targets.fixcommits [--engine vllm|sglang] [--root /tmp/fixcommits] [--run]
-[--vllm-releases DIR] [--sglang-releases DIR] [--sglang-git GITDIR]` builds every tree (from DIR/X.Y.Z,
-else from releases unpacked by the engines' own helpers: `./dev check-vllm release X`, sglang's
-release_dir; commit trees from GITDIR, skipped with the reason when it is not given) and prints each
-replay command with the outcome expected; `--run` runs them (the engines' interpreters from
-VLLM_PYTHON / SGLANG_PYTHON, as for the replays themselves) and prints expected against observed;
-exit status 1 when an observed outcome differs from the expected one.
+[--vllm-releases DIR] [--sglang-releases DIR] [--vllm-git GITDIR] [--sglang-git GITDIR]` builds every
+tree (from DIR/X.Y.Z, else from releases unpacked by the engines' own helpers: `./dev check-vllm
+release X`, sglang's release_dir; an engine's commit trees from its GITDIR, skipped with the reason
+when it is not given) and prints each replay command with the outcome expected; `--run` runs them (the
+engines' interpreters from VLLM_PYTHON / SGLANG_PYTHON, as for the replays themselves) and prints
+expected against observed; exit status 1 when an observed outcome differs from the expected one.
 """
 from __future__ import annotations
 
@@ -48,6 +49,9 @@ IN_REPO = {"vllm": "vllm", "sglang": "python/sglang"}
 COMMIT = re.compile(r"[0-9a-f]{40}")
 
 COORD = "v1/core/kv_cache_coordinator.py"
+# vLLM #46384's gate taken back out: the Mamba group gets the EAGLE margin again
+GATE_OUT = (COORD, "                if drop_eagle_block and not isinstance(spec, MambaSpec):\n",
+            "                if drop_eagle_block:\n")
 RADIX, SWA = "srt/mem_cache/radix_cache.py", "srt/mem_cache/swa_radix_cache.py"
 
 
@@ -63,13 +67,21 @@ class Tree:
 
 TREES = [
     # vLLM #46384 (481e481be786): the hybrid coordinator gives Mamba groups no EAGLE margin
-    Tree("vllm-0.26.0-without-46384-gate", "vllm", "0.26.0",
-         edits=[(COORD, "                if drop_eagle_block and not isinstance(spec, MambaSpec):\n",
-                 "                if drop_eagle_block:\n")],
+    Tree("vllm-0.26.0-without-46384-gate", "vllm", "0.26.0", edits=[GATE_OUT],
          expect={"C1-mamba-eagle": "reproduces", "S1-hybrid-eagle": "reproduces",
                  "C1-hybrid-eagle": "does not reproduce"}),
     Tree("vllm-0.25.0-with-0.26.0-coordinator", "vllm", "0.25.0", swaps=[(COORD, "0.26.0")],
          expect={"C1-mamba-eagle": "does not load"}),
+    # vLLM commit trees (--vllm-git): #46384's commit and its parent on main
+    Tree("vllm-8e981630c-before-46384", "vllm", "8e981630c9336233ca9de91452f68918bddbc4e2",
+         expect={"C1-mamba-eagle": "reproduces", "S1-hybrid-eagle": "reproduces", "C1-hybrid-eagle": "reproduces"}),
+    Tree("vllm-481e481be-46384", "vllm", "481e481be786c1ca3229e26aa34c15ffd22375af",
+         expect={"C1-mamba-eagle": "does not reproduce", "S1-hybrid-eagle": "does not reproduce",
+                 "C1-hybrid-eagle": "does not reproduce"}),
+    # the rest of #46384 alone stops C1-hybrid-eagle; the gate stops the other two
+    Tree("vllm-481e481be-46384-without-gate", "vllm", "481e481be786c1ca3229e26aa34c15ffd22375af", edits=[GATE_OUT],
+         expect={"C1-mamba-eagle": "reproduces", "S1-hybrid-eagle": "reproduces",
+                 "C1-hybrid-eagle": "does not reproduce"}),
     # SGLang #13714 (ac4382263451): RadixCache.cache_finished_req frees the duplicates from cache_protected_len
     Tree("sglang-0.5.6-without-protected-len-free", "sglang", "0.5.6",
          edits=[(RADIX, """        # Radix Cache takes one ref in memory pool
@@ -218,14 +230,15 @@ def main(argv=None) -> int:
     ap.add_argument("--root", default="/tmp/fixcommits")
     ap.add_argument("--vllm-releases", default="", help="a directory holding unpacked vLLM releases as X.Y.Z/vllm")
     ap.add_argument("--sglang-releases", default="", help="the same for SGLang (X.Y.Z/sglang)")
-    ap.add_argument("--sglang-git", default="", help="a git directory with SGLang's history (`fetch` of "
-                    "modal-labs/sglang) for the commit trees; without it they are skipped")
+    ap.add_argument("--vllm-git", default="", help="a git directory with vLLM's history (`fetch` of "
+                    "jsboige/vllm or RhizoNymph/vllm) for the commit trees; without it they are skipped")
+    ap.add_argument("--sglang-git", default="", help="the same for SGLang (`fetch` of modal-labs/sglang)")
     ap.add_argument("--run", action="store_true", help="run each replay and compare with the expected outcome")
     a = ap.parse_args(argv)
     bad = 0
     for tree in [t for t in TREES if t.engine in (a.engine or ("vllm", "sglang"))]:
         unpacked = a.vllm_releases if tree.engine == "vllm" else a.sglang_releases
-        git_dir = a.sglang_git if tree.engine == "sglang" else ""
+        git_dir = a.vllm_git if tree.engine == "vllm" else a.sglang_git
         if COMMIT.fullmatch(tree.base) and not git_dir:
             print(f"{tree.name}: skipped (a commit tree: needs --{tree.engine}-git)", flush=True)
             continue

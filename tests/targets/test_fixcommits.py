@@ -6,9 +6,9 @@ the release does not hold is refused; every tree names saved findings that exist
 them; the vLLM revert is the exact inverse of the one-line fix targets/vllm/onefix.py applies to
 0.25.0; the verdict reader maps both engines' replay lines; a commit tree is the package at that commit
 of a git directory (a one-commit repository made here), its links dropped, and a missing git directory,
-an unknown commit or a short id is refused; each SGLang fix commit is replayed beside its parent. The
-real runs are `python -m targets.fixcommits --run [--sglang-git GITDIR]` (docs/peers.md, vLLM and SGLang
-"fixing commit").
+an unknown commit or a short id is refused; each vLLM and SGLang fix commit is replayed beside its
+parent. The real runs are `python -m targets.fixcommits --run [--vllm-git GITDIR] [--sglang-git GITDIR]`
+(docs/peers.md, vLLM and SGLang "fixing commit").
 """
 from __future__ import annotations
 
@@ -85,14 +85,14 @@ def test_the_verdict_is_read_from_the_replays_own_lines(engine, out, want):
     assert fc.verdict(engine, out) == want
 
 
-def _git_repo(root: Path) -> tuple:
-    """A git directory whose one commit holds python/sglang/{__init__.py,a.py} and a link out of the
+def _git_repo(root: Path, in_repo: str = "python/sglang") -> tuple:
+    """A git directory whose one commit holds <in_repo>/{__init__.py,a.py} and a link out of the
     package (as SGLang's cpp_radix_tree/.clang-format); -> (git dir, commit id)."""
     import subprocess
     def git(*args):
         return subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
                               check=True, capture_output=True, text=True).stdout.strip()
-    pkg = root / "python" / "sglang"
+    pkg = root / in_repo
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("keep\nfix\n")
@@ -112,6 +112,14 @@ def test_a_commit_tree_is_the_package_at_that_commit_without_links_and_with_the_
     assert (tmp_path / "trees" / "_commits" / sha / "sglang" / "a.py").read_text() == "keep\nfix\n"
 
 
+def test_a_vllm_commit_tree_is_its_top_level_package(tmp_path):
+    git_dir, sha = _git_repo(tmp_path / "repo", "vllm")
+    dst = fc.commit_dir("vllm", str(git_dir), sha, tmp_path / "trees")
+    assert (dst / "vllm" / "a.py").read_text() == "keep\nfix\n" and not (dst / "vllm" / "link").exists()
+    with pytest.raises(ValueError, match="needs --vllm-git"):
+        fc.commit_dir("vllm", "", "1" * 40, tmp_path / "trees")
+
+
 def test_a_commit_tree_refuses_a_missing_history_an_unknown_commit_and_a_short_id(tmp_path):
     git_dir, sha = _git_repo(tmp_path / "repo")
     with pytest.raises(ValueError, match="needs --sglang-git"):
@@ -122,11 +130,24 @@ def test_a_commit_tree_refuses_a_missing_history_an_unknown_commit_and_a_short_i
         fc.commit_dir("sglang", str(git_dir), sha[:9], tmp_path / "trees")
 
 
-def test_each_sglang_fix_commit_is_replayed_with_its_parent():
+def test_each_fix_commit_is_replayed_with_its_parent():
     """The commit trees name each fix by replay: the parent reproduces, the fix commit does not."""
     by_base = {t.base: t for t in fc.TREES if fc.COMMIT.fullmatch(t.base) and not t.edits}
-    for parent, fix, finding in [("a92afb00c", "ac4382263", "A2-req-eagle-page2"),
+    vllm = [("8e981630c", "481e481be", f) for f in ("C1-mamba-eagle", "S1-hybrid-eagle", "C1-hybrid-eagle")]
+    for parent, fix, finding in vllm + [("a92afb00c", "ac4382263", "A2-req-eagle-page2"),
                                  ("a0985dd5e", "160a06cab", "A2-swa-eagle-page1"),
                                  ("7520b9292", "a618202fc", "A2-swa-eagle-page2")]:
         (p,), (f,) = ([t for b, t in by_base.items() if b.startswith(x)] for x in (parent, fix))
         assert p.expect[finding] == "reproduces" and f.expect[finding] == "does not reproduce"
+
+
+def test_the_vllm_commit_trees_are_skipped_without_vllm_git_and_built_from_it_when_given(tmp_path, capsys):
+    gate = "                if drop_eagle_block and not isinstance(spec, MambaSpec):\n"
+    rel = _releases(tmp_path / "rel", {(v, f"vllm/{f}"): t for v in ("0.25.0", "0.26.0")
+                                       for f, t in (("__init__.py", ""), (fc.COORD, gate))})
+    args = ["--engine", "vllm", "--vllm-releases", str(rel), "--root", str(tmp_path / "trees")]
+    assert fc.main(args) == 0
+    assert "vllm-481e481be-46384: skipped (a commit tree: needs --vllm-git)" in capsys.readouterr().out
+    git_dir, _ = _git_repo(tmp_path / "repo", "vllm")          # a history without the vLLM commits
+    with pytest.raises(ValueError, match="commit 8e981630c: no vllm there"):
+        fc.main(args + ["--vllm-git", str(git_dir), "--sglang-git", "/nonexistent"])
