@@ -27,7 +27,6 @@ expected against observed; exit status 1 when an observed outcome differs from t
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import subprocess
 import sys
@@ -35,18 +34,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from targets import onefix
+from targets.commits import COMMIT, PACKAGE, commit_dir  # noqa: F401  (commit_dir: part of this module's API)
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = {"vllm": "vllm", "sglang": "sglang"}
 FINDINGS = {"vllm": ROOT / "targets" / "vllm" / "findings", "sglang": ROOT / "targets" / "sglang" / "findings"}
 # how each SGLang finding replays (its cache and page size); vLLM's programs carry their layout
 SGLANG_FLAGS = {"A2-req-eagle-page2": ["--cache", "req", "--eagle", "--page-size", "2"],
                 "A2-swa-eagle-page2": ["--cache", "swa", "--eagle", "--page-size", "2"],
                 "A2-swa-eagle-page1": ["--cache", "swa", "--eagle", "--page-size", "1"]}
 
-# where each engine's package lies in its repository (for commit trees)
-IN_REPO = {"vllm": "vllm", "sglang": "python/sglang"}
-COMMIT = re.compile(r"[0-9a-f]{40}")
 
 COORD = "v1/core/kv_cache_coordinator.py"
 # vLLM #46384's gate taken back out: the Mamba group gets the EAGLE margin again
@@ -161,28 +157,6 @@ def build(tree: Tree, release_dir, root: Path) -> Path:
         if not src.exists():
             raise FileNotFoundError(f"{tree.name}: release {version} has no {pkg}/{rel}")
         shutil.copyfile(src, dst / pkg / rel)
-    return dst
-
-
-def commit_dir(engine: str, git_dir, sha: str, root: Path) -> Path:
-    """root/_commits/<sha>/<package>: the engine's package at commit `sha` of the git directory git_dir
-    (git archive, without its symbolic links; kept for the next tree)."""
-    if not COMMIT.fullmatch(sha):
-        raise ValueError(f"{sha!r} is not a 40-hex commit id")
-    dst = Path(root) / "_commits" / sha
-    if (dst / PACKAGE[engine] / "__init__.py").exists():
-        return dst
-    if not git_dir:
-        raise ValueError(f"commit {sha[:9]}: a commit tree needs --{engine}-git (a git directory with its history)")
-    r = subprocess.run(["git", "--git-dir", str(git_dir), "archive", sha, IN_REPO[engine]], capture_output=True)
-    if r.returncode:
-        err = (r.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
-        raise ValueError(f"commit {sha[:9]}: no {IN_REPO[engine]} there in {git_dir} ({err})")
-    dst.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["tar", "-x", "--strip-components", str(IN_REPO[engine].count("/")), "-C", str(dst)],
-                   input=r.stdout, check=True)
-    for f in [f for f in dst.rglob("*") if f.is_symlink()]:   # links out of the package (.clang-format)
-        f.unlink()
     return dst
 
 

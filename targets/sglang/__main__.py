@@ -1,6 +1,6 @@
 """`./dev check-sglang [--cache full|swa|req|mamba|unified [--components full,swa[,mamba]]] [--eagle] [--minutes N] [--report DIR]
 [--src PATH | --release V] [--fixture FAULT]`
-`./dev check-sglang --replay P.json [...] --releases V1,V2,... | --srcs PATH1,PATH2,...`
+`./dev check-sglang --replay P.json [...] --releases V1,V2,... | --srcs PATH1,PATH2,... | --repo GITDIR --range A..B`
 `./dev check-sglang --export targets/sglang/findings/*.json --report DIR`
 `./dev check-sglang --onefix [--src PATH | --release 0.5.5] [--report DIR]` (targets/sglang/onefix.py)
 
@@ -126,23 +126,39 @@ def replay_one(a) -> int:
     return 0
 
 
+def commit_points(git_dir: str, rng: str, root: Path = Path("/tmp/sglang-replay")) -> list:
+    """(label, "--src", tree) for each commit of `rng` (A..B, oldest first) that touched the radix caches
+    (python/sglang/srt/mem_cache), each tree the package at that commit (targets.fixcommits.commit_dir)."""
+    from targets.commits import commit_dir
+    revs = subprocess.run(["git", "--git-dir", git_dir, "rev-list", "--reverse", rng, "--",
+                           "python/sglang/srt/mem_cache"], capture_output=True, text=True, check=True).stdout.split()
+    return [(rev[:12], "--src", str(commit_dir("sglang", git_dir, rev, root))) for rev in revs]
+
+
 def replay(a) -> int:
-    points = [("--src", s) for s in a.srcs.split(",") if s] + [("--release", v) for v in a.releases.split(",") if v]
+    points = [("", "--src", s) for s in a.srcs.split(",") if s] + \
+        [("", "--release", v) for v in a.releases.split(",") if v]
+    if a.repo or a.range:
+        if not (a.repo and a.range):
+            raise RuntimeError("--replay over commits needs both --repo GITDIR and --range A..B")
+        points += commit_points(a.repo, a.range)
     if not points:
-        points = [("--fixture", a.fixture)] if a.fixture else [("", "")]
+        points = [("", "--fixture", a.fixture)] if a.fixture else [("", "", "")]
     progs = {p: json.loads(Path(p).read_text())["rule"] for p in a.replay}
     first_ok: dict = {}
     last = {}
-    for flag, val in points:
+    for label, flag, val in points:
         cmd = [sys.executable, "-m", "targets.sglang", "--replay-one", *a.replay, "--page-size", str(a.page_size),
                "--cache", a.cache, "--components", a.components] + (["--eagle"] if a.eagle else []) + \
             ([flag, val] if flag else [])
         r = subprocess.run(cmd, capture_output=True, text=True)
         line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
-            print(f"{val or 'installed'}: could not load ({(r.stderr.strip().splitlines() or ['?'])[-1]})")
+            print(f"{label or val or 'installed'}: could not load ({(r.stderr.strip().splitlines() or ['?'])[-1]})")
             continue
         d = json.loads(line[7:])
+        if label:                                    # a commit's tree: its id, not the version it declares
+            d["what"] = f"commit {label} ({d['what']})"
         for p, rule in progs.items():
             got = d["found"][p]
             hit = rule in got or (rule == "PANIC" and any(g.startswith("PANIC") for g in got))
@@ -198,6 +214,9 @@ def main(argv=None) -> int:
                     "copies with one bug fixed each (DIR/onefix)")
     ap.add_argument("--srcs", default="", help="comma-separated checkouts, oldest first (--replay)")
     ap.add_argument("--releases", default="", help="comma-separated PyPI releases, oldest first (--replay)")
+    ap.add_argument("--repo", default="", help="a git directory with SGLang's history (--replay over --range)")
+    ap.add_argument("--range", default="", help="A..B: --replay on each commit of it that touched "
+                    "python/sglang/srt/mem_cache, oldest first")
     a = ap.parse_args(argv)
     if a.replay_one:
         a.replay = a.replay_one
@@ -211,7 +230,7 @@ def main(argv=None) -> int:
         if a.replay:
             return replay(a)
         return check(a)
-    except (FileNotFoundError, RuntimeError, ImportError, subprocess.CalledProcessError) as e:
+    except (FileNotFoundError, RuntimeError, ValueError, ImportError, subprocess.CalledProcessError) as e:
         print(f"check-sglang: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
 

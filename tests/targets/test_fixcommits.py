@@ -151,3 +151,30 @@ def test_the_vllm_commit_trees_are_skipped_without_vllm_git_and_built_from_it_wh
     git_dir, _ = _git_repo(tmp_path / "repo", "vllm")          # a history without the vLLM commits
     with pytest.raises(ValueError, match="commit 8e981630c: no vllm there"):
         fc.main(args + ["--vllm-git", str(git_dir), "--sglang-git", "/nonexistent"])
+
+
+def test_check_sglang_replays_each_commit_of_a_range_that_touched_the_radix_caches(tmp_path):
+    """`check-sglang --replay P --repo GITDIR --range A..B`: one tree per commit of the range that changed
+    python/sglang/srt/mem_cache, oldest first, labelled by its id; a commit elsewhere is not replayed."""
+    import subprocess
+
+    from targets.sglang.__main__ import commit_points
+    git_dir, first = _git_repo(tmp_path / "repo")
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path / "repo"), "-c", "user.name=t", "-c", "user.email=t@t",
+                               *args], check=True, capture_output=True, text=True).stdout.strip()
+
+    def commit(path, text, msg):
+        f = tmp_path / "repo" / path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+        git("add", "-A")
+        git("commit", "-q", "-m", msg)
+        return git("rev-parse", "HEAD")
+    two = commit("python/sglang/srt/mem_cache/radix_cache.py", "v2\n", "cache")
+    commit("python/sglang/srt/other.py", "x\n", "elsewhere")
+    four = commit("python/sglang/srt/mem_cache/radix_cache.py", "v4\n", "cache again")
+    points = commit_points(str(git_dir), f"{first}..{four}", tmp_path / "trees")
+    assert [p[0] for p in points] == [two[:12], four[:12]] and all(p[1] == "--src" for p in points)
+    assert [(Path(p[2]) / "sglang/srt/mem_cache/radix_cache.py").read_text() for p in points] == ["v2\n", "v4\n"]
