@@ -165,11 +165,19 @@ class UnifiedSwaTarget(UnifiedTarget):
         return super().begin(keys, spans)
 
     def step(self, key: int) -> None:
-        """A decode step; from the second one on, the scheduler's window slide first."""
+        """A decode step: from the second one on, the scheduler's window slide first; then, before the
+        step's slot is allocated, the SWA part of the budget (alloc_for_decode -> evict_to_free_tokens)."""
         self.decodes += 1
         if self.decodes >= 2:
             self.call(self.cache.evict_sliding_windows, self.fake, len(self.req["seq"]) - 1)
+        self._swa_pressure()
         super().step(key)
+
+    def _swa_pressure(self) -> None:
+        """SWA tokens over half the budget are tombstoned (SGLang's pressure on its SWA pool)."""
+        swa_over = self.swa_cached() - self.budget // 4 // 2
+        if swa_over > 0:
+            self.api.evict(self.cache, 0, swa_over)
 
     def set_budget(self, budget: int) -> None:
         """At rest: full tokens, SWA tokens to half the budget (tombstones), states. While a request is
@@ -178,15 +186,17 @@ class UnifiedSwaTarget(UnifiedTarget):
         if self.req is None:
             self._enforce(states=True)
             return
-        swa_over = self.swa_cached() - budget // 4 // 2
-        if swa_over > 0:
-            self.api.evict(self.cache, 0, swa_over)
+        self._swa_pressure()
 
     def _enforce(self, states: bool = False) -> None:
+        """At close (states False) full tokens only; at set_budget also SWA tokens and states. SGLang
+        evicts only to allocate (never when a request finishes), and the close's checkpoint may split
+        a node: a tombstone (or a state evicted) in the same operation would read, to S4 (judged per
+        operation), as the split taking the window off the tail."""
         self.shown_budget = self.budget
         limit = self.budget // 4
         over = self.cached() - limit
-        swa_over = self.swa_cached() - limit // 2
+        swa_over = self.swa_cached() - limit // 2 if states else 0
         m_over = len(self.mamba_nodes()) - limit // PER_STATE if states and self.has_mamba else 0
         if over > 0 or swa_over > 0 or m_over > 0:
             before = {k for k, _, _ in self.nodes()}

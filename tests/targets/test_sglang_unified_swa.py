@@ -12,7 +12,19 @@ import pytest
 from targets.machine import replay
 from targets.sglang.fixture_unified_swa import FAULTS, FakeUnifiedSwaApi
 from targets.sglang.unified_swa import UnifiedSwaTarget
-from tests.targets.test_sglang_swa import CLEAN, RULE, TOMBSTONE
+from tests.targets.test_sglang_swa import CLEAN, RULE, req
+
+# test_sglang_swa's TOMBSTONE with its tombstones made by a set_budget at rest: the unified driver applies
+# the SWA part of the budget at set_budget and before a decode step's allocation, not at close
+TOMBSTONE = [dict(op="reset", budget=64)] + req([1, 2, 3, 4, 5, 6]) + req([1, 2, 3, 7, 8]) + req([9, 9, 9, 9]) + \
+    [dict(op="set_budget", budget=64)] + req([1, 2, 3, 7, 8, 5])
+
+# found by a 10-minute run on 0.5.23 (Full + SWA), shrunk: the second close's checkpoint splits
+# [5, 1, 5, 6, 1] at 2 (the tail keeps its SWA slots); a tombstone of that tail by the budget in the same
+# close read, to S4, as the split taking the window off the tail
+SPLIT_THEN_TOMBSTONE = [dict(op="reset", budget=64), dict(op="begin", keys=[5, 1, 5, 6, 1, 2], spans=[]),
+                        dict(op="prefill", max_chunks=1), *[dict(op="step", key=k) for k in (2, 5, 2)],
+                        dict(op="close"), *req([5, 1], [6])]
 
 
 def test_unified_swa_rules_cover_every_id():
@@ -29,6 +41,11 @@ def test_each_window_fault_is_caught_through_the_unified_calls(fault):
 def test_clean_unified_swa_fake_breaks_no_rule():
     assert replay(UnifiedSwaTarget(FakeUnifiedSwaApi(None)), TOMBSTONE) == []
     assert replay(UnifiedSwaTarget(FakeUnifiedSwaApi(None)), CLEAN) == []
+
+
+def test_no_swa_tombstone_in_the_close_that_splits():
+    # the old driver (the SWA budget at close) breaks S4 here on the fake as on SGLang
+    assert replay(UnifiedSwaTarget(FakeUnifiedSwaApi(None)), SPLIT_THEN_TOMBSTONE) == []
 
 
 def test_unified_swa_finding_shrinks_and_is_reported(tmp_path):
@@ -57,3 +74,4 @@ def test_real_unified_swa_clean_programs(mamba):
     t = UnifiedSwaTarget(load_unified_swa(SRC, mamba=mamba))
     assert replay(t, CLEAN) == []
     assert replay(t, TOMBSTONE) == []
+    assert replay(t, SPLIT_THEN_TOMBSTONE) == []
