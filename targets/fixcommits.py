@@ -13,6 +13,7 @@ engine's own `--replay`.
 
   build(tree, release_dir, root)    root/<name>/<package>: the tree built from unpacked releases or commits
   commit_dir(engine, git_dir, sha, root)   root/_commits/<sha>/<package>: the package at one commit
+                                    (targets/commits.py)
   replay_command(engine, finding, src)   the ./dev command line that replays one finding on one source
   verdict(engine, output)           'reproduces' | 'does not reproduce' | 'does not load' from its output
 
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from targets import onefix
-from targets.commits import COMMIT, PACKAGE, commit_dir  # noqa: F401  (commit_dir: part of this module's API)
+from targets.commits import COMMIT, PACKAGE, commit_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 FINDINGS = {"vllm": ROOT / "targets" / "vllm" / "findings", "sglang": ROOT / "targets" / "sglang" / "findings"}

@@ -126,22 +126,15 @@ def replay_one(a) -> int:
     return 0
 
 
-def commit_points(git_dir: str, rng: str, root: Path = Path("/tmp/sglang-replay")) -> list:
-    """(label, "--src", tree) for each commit of `rng` (A..B, oldest first) that touched the radix caches
-    (python/sglang/srt/mem_cache), each tree the package at that commit (targets.fixcommits.commit_dir)."""
-    from targets.commits import commit_dir
-    revs = subprocess.run(["git", "--git-dir", git_dir, "rev-list", "--reverse", rng, "--",
-                           "python/sglang/srt/mem_cache"], capture_output=True, text=True, check=True).stdout.split()
-    return [(rev[:12], "--src", str(commit_dir("sglang", git_dir, rev, root))) for rev in revs]
-
-
 def replay(a) -> int:
     points = [("", "--src", s) for s in a.srcs.split(",") if s] + \
         [("", "--release", v) for v in a.releases.split(",") if v]
     if a.repo or a.range:
         if not (a.repo and a.range):
             raise RuntimeError("--replay over commits needs both --repo GITDIR and --range A..B")
-        points += commit_points(a.repo, a.range)
+        from targets.commits import range_trees
+        points += [(sha[:12], "--src", str(tree)) for sha, tree in
+                   range_trees("sglang", a.repo, a.range, "python/sglang/srt/mem_cache", Path("/tmp/sglang-replay"))]
     if not points:
         points = [("", "--fixture", a.fixture)] if a.fixture else [("", "", "")]
     progs = {p: json.loads(Path(p).read_text())["rule"] for p in a.replay}

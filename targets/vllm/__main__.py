@@ -111,15 +111,9 @@ def _sources(args) -> list:
     out = [("release " + v, str(release(v))) for v in args.release or ()]
     out += [(s, s) for s in args.src or ()]
     if args.repo and args.range:
-        revs = subprocess.run(["git", "-C", args.repo, "rev-list", "--reverse", args.range, "--", "vllm/v1/core"],
-                              capture_output=True, text=True, check=True).stdout.split()
-        for rev in revs:
-            d = Path("/tmp/vllm-replay") / rev[:12]
-            if not (d / "vllm").exists():
-                d.mkdir(parents=True, exist_ok=True)
-                arch = subprocess.run(["git", "-C", args.repo, "archive", rev, "vllm"], capture_output=True, check=True)
-                subprocess.run(["tar", "-x", "-C", str(d)], input=arch.stdout, check=True)
-            out.append((rev[:12], str(d)))
+        from targets.commits import range_trees
+        out += [(sha[:12], str(tree)) for sha, tree in
+                range_trees("vllm", args.repo, args.range, "vllm/v1/core", Path("/tmp/vllm-replay"))]
     return out
 
 

@@ -153,12 +153,12 @@ def test_the_vllm_commit_trees_are_skipped_without_vllm_git_and_built_from_it_wh
         fc.main(args + ["--vllm-git", str(git_dir), "--sglang-git", "/nonexistent"])
 
 
-def test_check_sglang_replays_each_commit_of_a_range_that_touched_the_radix_caches(tmp_path):
-    """`check-sglang --replay P --repo GITDIR --range A..B`: one tree per commit of the range that changed
-    python/sglang/srt/mem_cache, oldest first, labelled by its id; a commit elsewhere is not replayed."""
+def test_a_replay_over_a_range_takes_each_commit_that_touched_the_caches(tmp_path):
+    """`check-sglang --replay P --repo GITDIR --range A..B` (and check-vllm's): one tree per commit of the
+    range that changed the caches' folder, oldest first; a commit elsewhere is not replayed."""
     import subprocess
 
-    from targets.sglang.__main__ import commit_points
+    from targets.commits import range_trees
     git_dir, first = _git_repo(tmp_path / "repo")
 
     def git(*args):
@@ -175,6 +175,6 @@ def test_check_sglang_replays_each_commit_of_a_range_that_touched_the_radix_cach
     two = commit("python/sglang/srt/mem_cache/radix_cache.py", "v2\n", "cache")
     commit("python/sglang/srt/other.py", "x\n", "elsewhere")
     four = commit("python/sglang/srt/mem_cache/radix_cache.py", "v4\n", "cache again")
-    points = commit_points(str(git_dir), f"{first}..{four}", tmp_path / "trees")
-    assert [p[0] for p in points] == [two[:12], four[:12]] and all(p[1] == "--src" for p in points)
-    assert [(Path(p[2]) / "sglang/srt/mem_cache/radix_cache.py").read_text() for p in points] == ["v2\n", "v4\n"]
+    trees = range_trees("sglang", git_dir, f"{first}..{four}", "python/sglang/srt/mem_cache", tmp_path / "trees")
+    assert [sha for sha, _ in trees] == [two, four]
+    assert [(t / "sglang/srt/mem_cache/radix_cache.py").read_text() for _, t in trees] == ["v2\n", "v4\n"]
