@@ -184,19 +184,13 @@ def _release_dir(engine: str, unpacked: str = "", git_dir: str = "", root: Path 
     """release or commit id -> directory holding its package: a commit from git_dir (commit_dir);
     a release from unpacked/<release> when given, else from the engine's own helper (a PyPI download,
     cached)."""
-    rel = _releases(engine, unpacked)
-    return lambda v: commit_dir(engine, git_dir, v, root) if COMMIT.fullmatch(v) else rel(v)
-
-
-def _releases(engine: str, unpacked: str = ""):
-    """release -> directory holding its package: unpacked/<release>, else the engine's own helper."""
     if unpacked:
-        return lambda v: Path(unpacked) / v
-    if engine == "vllm":
-        from targets.vllm.__main__ import release
-        return release
-    from targets.sglang.__main__ import release_dir
-    return release_dir
+        rel = lambda v: Path(unpacked) / v                                  # noqa: E731
+    elif engine == "vllm":
+        from targets.vllm.__main__ import release as rel
+    else:
+        from targets.sglang.__main__ import release_dir as rel
+    return lambda v: commit_dir(engine, git_dir, v, root) if COMMIT.fullmatch(v) else rel(v)
 
 
 def main(argv=None) -> int:
