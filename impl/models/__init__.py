@@ -159,8 +159,9 @@ def estimate_bytes(name: str, dtype: str | None = None) -> int:
     its parameter sizes are read; "q4" counts SmolLM2's GGUF tensors as shipped. The scheduler's fit
     check (F1) uses this for a first load."""
     dtype = _checked(name, dtype)
-    if _key(name, dtype) in _loaded:
-        return _loaded[_key(name, dtype)].weight_bytes
+    loaded = _loaded.get(_key(name, dtype))
+    if loaded is not None:
+        return loaded.weight_bytes
     import mlx.core as mx
     from mlx_lm.models import llama
 

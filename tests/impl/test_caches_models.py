@@ -52,6 +52,16 @@ def _greedy_match(ours, cold, cold_logits_seq, tie):
             return
 
 
+def _as_restored_cold(replayer, stream, bounds, T):
+    """(stock caches, logits of token T) for the same chunks `bounds` on stock caches, at T as a restore
+    leaves the state: KV rows [0, T), whole-state layers as a snapshot restores them (a wrapped sliding
+    window in temporal order: the ring's slot order is the order attention sums in)."""
+    src = Source(tuple(stream), (), tuple(stream))
+    built = Fwd(None, 0, tuple(Step(a, b, src) for a, b in zip(bounds, bounds[1:])))
+    stock = replayer.state_at(Splice(((built, 0, T),), built, T, restored=True), T)
+    return stock, replayer.step(stock, T, Step(T, T + 1, src))
+
+
 def _greedy_stock_with_logits(model, cache, logits, k):
     toks, seq = [], []
     for _ in range(k):
@@ -161,12 +171,7 @@ def test_restore_equals_cold_prefill(name, models, oracle):
             ours = forward(model, stream[T : T + 1], target)[0, -1]
             k = 3
             if exact:            # the same chunks on stock caches, trimmed to T: bit-identical
-                src = Source(tuple(stream), (), tuple(stream))
-                built = Fwd(None, 0, tuple(Step(a, b, src) for a, b in zip(bounds, bounds[1:])))
-                # as the restore left it: KV rows [0, T), whole-state layers as a snapshot restores them
-                # (a wrapped sliding window in temporal order: the ring's slot order is the sum order)
-                stock = replayer.state_at(Splice(((built, 0, T),), built, T, restored=True), T)
-                cold = replayer.step(stock, T, Step(T, T + 1, src))
+                stock, cold = _as_restored_cold(replayer, stream, bounds, T)
                 diff = float(mx.abs(ours.astype(mx.float32) - cold).max().item())
                 MAX_DIFF[name] = max(MAX_DIFF.get(name, 0.0), diff)
                 assert mx.array_equal(ours.astype(mx.float32), cold).item(), \
@@ -218,11 +223,7 @@ def test_a_wrapped_window_is_judged_as_its_restore_leaves_it(models):
         else:
             assert c.restore(segs[i][1], L)
     ours = forward(model, stream[L:], target)[0, -1].astype(mx.float32)
-    src = Source(tuple(stream), (), tuple(stream))
-    built = Fwd(None, 0, tuple(Step(a, b, src) for a, b in zip(bounds, bounds[1:])))
-    replayer = Replayer(lm)
-    stock = replayer.state_at(Splice(((built, 0, L),), built, L, restored=True), L)
-    cold = replayer.step(stock, L, Step(L, L + 1, src))
+    _, cold = _as_restored_cold(Replayer(lm), stream, bounds, L)
     assert mx.array_equal(ours, cold).item(), \
         f"restored vs as-restored same-schedule logits differ by {float(mx.abs(ours - cold).max().item())}"
     _close_all([s for i in layers for s in segs[i]])
