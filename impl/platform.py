@@ -19,6 +19,11 @@ growing by a few keys, so the forward's cost was counted as bookkeeping. ``settl
 where a forward ends, pays that deferred work there (the next forward paid it otherwise: the total is
 unchanged); docs/engine.md, "The allocator's deferred frees".
 
+``OPENBLAS_CORETYPE`` is a request, not a fact: OpenBLAS 0.3.21 (Debian's) does not honour
+``Cooperlake`` (it prints "Core not found" and falls back to its own detection, which is Prescott on the
+GPU machine's host), so a cell is named by ``openblas_core()``, the kernel set the loaded library runs, and
+``coretype_mismatch(env)`` says when the two differ (docs/platform.md, "Which kernels run").
+
 ``PREFIX_TRIE_DEVICE=cpu|gpu`` picks MLX's default device for the suite, the fuzz campaign and runner
 processes (``apply_device_env()``): a GPU machine's CPU backend is a cell of docs/platform.md's matrix.
 """
@@ -119,3 +124,25 @@ def reexec_with_openblas(module: str, guard: str, one_thread: bool = True) -> No
     env = preload_env(os.environ) if one_thread else platform_env(os.environ)
     env[guard] = "1"
     os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
+
+
+def openblas_core() -> str | None:
+    """The kernel set the OpenBLAS loaded in this process runs (``openblas_get_corename``), or None when
+    none is loaded into its global symbols (no preload: MLX's reference BLAS)."""
+    try:
+        get = ctypes.CDLL(None).openblas_get_corename
+    except (AttributeError, OSError):
+        return None
+    get.restype, get.argtypes = ctypes.c_char_p, []
+    name = get()
+    return name.decode() if name else None
+
+
+def coretype_mismatch(env: Mapping[str, str]) -> str | None:
+    """What to tell a user whose ``OPENBLAS_CORETYPE`` the loaded OpenBLAS does not run; None when it
+    does, when none is asked for or when no OpenBLAS is loaded."""
+    asked, core = env.get("OPENBLAS_CORETYPE", "").strip(), openblas_core()
+    if not asked or core is None or asked.lower() == core.lower():
+        return None
+    return (f"OPENBLAS_CORETYPE={asked} is not in force: the loaded OpenBLAS runs its {core} kernels "
+            f"(docs/platform.md, \"Which kernels run\")")

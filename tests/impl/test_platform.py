@@ -123,3 +123,25 @@ def test_device_env_picks_the_default_device_and_refuses_other_names(monkeypatch
             platform.apply_device_env()
     finally:
         mx.set_default_device(old)
+
+
+def _kernels(env_extra: dict) -> list:
+    """openblas_core() and coretype_mismatch() in a fresh process started with `env_extra`."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **env_extra}
+    code = ("import os; from impl.platform import coretype_mismatch, openblas_core; "
+            "print(openblas_core()); print(coretype_mismatch(os.environ))")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120, check=True).stdout.splitlines()
+
+
+@pytest.mark.skipif(not platform.openblas_available() or os.uname().machine != "x86_64",
+                    reason="Debian's OpenBLAS on x86-64 only (its kernel sets are x86 names)")
+def test_openblas_core_is_the_kernel_set_in_force_not_the_one_asked_for():
+    pre = {"LD_PRELOAD": platform.OPENBLAS}
+    assert _kernels({**pre, "OPENBLAS_CORETYPE": "Prescott"}) == ["Prescott", "None"]   # any x86-64 runs it
+    core, why = _kernels({**pre, "OPENBLAS_CORETYPE": "NoSuchCore"})      # ignored: its own detection runs
+    assert core not in ("None", "NoSuchCore")
+    assert why.startswith("OPENBLAS_CORETYPE=NoSuchCore is not in force") and core in why
+    detected, _ = _kernels({**pre, "OPENBLAS_CORETYPE": ""})
+    assert detected == core
+    assert _kernels({"LD_PRELOAD": "", "OPENBLAS_CORETYPE": "Prescott"}) == ["None", "None"]   # reference BLAS
