@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-from impl.platform import apply_device_env, reexec_with_openblas
+from impl.platform import apply_device_env, coretype_mismatch, reexec_with_openblas
 
 
 def campaign_parser() -> argparse.ArgumentParser:
@@ -65,6 +66,8 @@ def main_campaign(argv) -> int:
     from . import report
     from .campaign import Campaign
 
+    if coretype_mismatch(os.environ):
+        print(f"warning: {coretype_mismatch(os.environ)}", file=sys.stderr)
     c = Campaign(args, report_dir)
     for _, why in c.skipped:
         print(f"not run: {why}", file=sys.stderr)

@@ -89,17 +89,12 @@ def measure(lm, label: str, max_kv_size=None) -> dict:
 
 def platform_line() -> str:
     import os
+
+    from impl.platform import coretype_mismatch, openblas_core
     line = f"mlx {mx.__version__}, device {mx.default_device()}"
-    try:
-        from threadpoolctl import threadpool_info
-        info = [i for i in threadpool_info() if i.get("internal_api") == "openblas"]
-        if info:
-            line += f", OpenBLAS {info[0].get('version')} {info[0].get('architecture')}"
-    except Exception:
-        pass
-    core = os.environ.get("OPENBLAS_CORETYPE")
-    return line + (f", OPENBLAS_CORETYPE={core}" if core else "") + (
-        "" if "openblas" in os.environ.get("LD_PRELOAD", "") else ", no OpenBLAS preload (reference BLAS)")
+    core = openblas_core()
+    line += f", OpenBLAS {core} kernels" if core else ", no OpenBLAS loaded (reference BLAS)"
+    return line + (f"; {coretype_mismatch(os.environ)}" if coretype_mismatch(os.environ) else "")
 
 
 def main(argv=None) -> int:

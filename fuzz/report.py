@@ -28,6 +28,14 @@ def _device() -> str:
     return device_key()
 
 
+def _blas() -> dict:
+    """The BLAS kernels the CPU ran, as the loaded library reports them (not as OPENBLAS_CORETYPE asks)."""
+    import os
+
+    from impl.platform import coretype_mismatch, openblas_core
+    return {"openblas_core": openblas_core(), "coretype_mismatch": coretype_mismatch(os.environ)}
+
+
 def _mib(x: int) -> str:
     return f"{x / (1 << 20):.2f} MiB"
 
@@ -61,7 +69,7 @@ def build(campaign) -> dict:
                       "tie_gap": {n: models[n]["calibration"]["tie"] for n in models if "calibration" in models[n]},
                       "tie_min": TIE,
                       "mem_margin": MEM_MARGIN, "a3_margin": A3_MARGIN},
-        "device": _device(), "dtype": getattr(args, "dtype", "float32"),
+        "device": _device(), "blas": _blas(), "dtype": getattr(args, "dtype", "float32"),
         "recheck": bool(getattr(args, "recheck", False)),
         "oracle": {"text_only": "mlx-lm stock caches (make_prompt_cache), one forward of the prompt, greedy steps",
                    "media": "a fresh Engine with an empty trie, one prefill chunk (stock caches cannot build "
@@ -113,6 +121,9 @@ def markdown(rep: dict) -> str:
                      f"{s['failures']} | {s['ties']} | {s['cancelled']} | {s['squeezes']} | {s['evictions']} | "
                      f"{s['prefilled']} | {s['reused']} | {s['ideal']} | {s['no_cache']} | {ratio} | "
                      f"{s['max_c1_diff']:.2g} |")
+    blas = rep.get("blas") or {}
+    lines += ["", f"CPU BLAS: {'OpenBLAS ' + blas['openblas_core'] + ' kernels' if blas.get('openblas_core') else 'no OpenBLAS loaded (reference BLAS)'}."]
+    lines += [f"**{blas['coretype_mismatch']}**"] if blas.get("coretype_mismatch") else []
     lines += ["", *[f"**{s['new_platform']}**" for s in rep["per_model"].values() if s.get("new_platform")]]
     lines += ["", "Calibrated C1 tolerance (tol = max(K x noise, floor); tie = max(1e-3, 2 x tol)):", "",
               "| model | device | dtype | noise | K | floor | tol | tie | max C1 diff / tol | cases rechecked |",
