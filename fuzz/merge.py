@@ -115,7 +115,8 @@ def merge(dirs: list[Path], out: Path, top: int = 10, skip_invalid: bool = False
     for d, label, rep in shards:
         t = {k: sum(s[k] for s in rep["per_model"].values()) for k in ("requests", "checks", "failures")}
         rows.append({"shard": label, "dir": str(d), "seed": rep["seed"], "device": rep["device"],
-                     "dtype": rep.get("dtype"), "models": list(rep["per_model"]), "minutes": rep.get("minutes"),
+                     "dtype": rep.get("dtype"), "cpu_blas": (rep.get("blas") or {}).get("openblas_core"),
+                     "models": list(rep["per_model"]), "minutes": rep.get("minutes"),
                      "requests_per_model": rep.get("requests"), "elapsed_s": rep.get("elapsed_s"), **t,
                      "not_run": rep.get("not_run", [])})
         for name, s in rep["per_model"].items():
@@ -209,11 +210,12 @@ def markdown(rep: dict) -> str:
             lines += [f"- **{c['model']} {c['signature']}** (shard {c['shard']}): {_first_line(c['message'])} — "
                       f"case `{c['case']}`; {c.get(why, '')}" for c in rep[key]]
     lines += ["", "## Shards", "",
-              "| shard | seed | device | dtype | models | bound | elapsed s | requests | checks | failures |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| shard | seed | device | dtype | CPU BLAS | models | bound | elapsed s | requests | checks | failures |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in shards:
         bound = f"{s['minutes']} min" if s["minutes"] else f"{s['requests_per_model']} req/model"
-        lines.append(f"| {s['shard']} | {s['seed']} | {s['device']} | {s['dtype']} | {', '.join(s['models'])} | "
+        blas = f"OpenBLAS {s['cpu_blas']}" if s.get("cpu_blas") else "-"
+        lines.append(f"| {s['shard']} | {s['seed']} | {s['device']} | {s['dtype']} | {blas} | {', '.join(s['models'])} | "
                      f"{bound} | {s['elapsed_s']} | {s['requests']} | {s['checks']} | {s['failures']} |")
     lines += [f"- {s['shard']}: not run: {x['why']}" for s in shards for x in s["not_run"]]
     return "\n".join(lines) + "\n"

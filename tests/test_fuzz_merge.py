@@ -161,3 +161,18 @@ def test_the_fixtures_have_the_format_the_campaign_writes():
         rep = merge.load_shard(d)
         for s in rep["per_model"].values():
             assert set(s) >= fields - {"kinds"} | {"requests_per_min", "c1_oracle", "series"}
+
+
+def test_each_shard_row_names_the_blas_kernels_its_report_recorded(tmp_path):
+    import shutil
+    shard = tmp_path / "avx512"                     # a shard written since the report records the kernels
+    shutil.copytree(CLEAN[0], shard)
+    rep = json.loads((shard / "summary.json").read_text())
+    rep["blas"] = {"openblas_core": "SkylakeX", "coretype_mismatch": None}
+    (shard / "summary.json").write_text(json.dumps(rep))
+    p = _run(str(shard), str(CLEAN[1]), "--out", str(tmp_path / "m"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    merged = json.loads((tmp_path / "m" / "summary.json").read_text())
+    assert [s["cpu_blas"] for s in merged["shards"]] == ["SkylakeX", None]
+    md = (tmp_path / "m" / "summary.md").read_text()
+    assert "| avx512 | 1 | cpu | float32 | OpenBLAS SkylakeX |" in md and "| smollm2-seed2 | 2 | cpu | float32 | - |" in md
