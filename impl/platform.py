@@ -131,7 +131,7 @@ def openblas_core() -> str | None:
     none is loaded into its global symbols (no preload: MLX's reference BLAS)."""
     try:
         get = ctypes.CDLL(None).openblas_get_corename
-    except (AttributeError, OSError):
+    except (AttributeError, OSError, TypeError):    # no such symbol; no dlopen(NULL) (Windows)
         return None
     get.restype, get.argtypes = ctypes.c_char_p, []
     name = get()
