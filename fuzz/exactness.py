@@ -90,10 +90,8 @@ def measure(lm, label: str, max_kv_size=None) -> dict:
 def platform_line() -> str:
     import os
 
-    from impl.platform import coretype_mismatch, openblas_core
-    line = f"mlx {mx.__version__}, device {mx.default_device()}"
-    core = openblas_core()
-    line += f", OpenBLAS {core} kernels" if core else ", no OpenBLAS loaded (reference BLAS)"
+    from impl.platform import coretype_mismatch, describe_blas, openblas_core
+    line = f"mlx {mx.__version__}, device {mx.default_device()}, {describe_blas(openblas_core())}"
     return line + (f"; {coretype_mismatch(os.environ)}" if coretype_mismatch(os.environ) else "")
 
 

@@ -20,6 +20,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from impl.platform import describe_blas
+
 from .oracle import A3_MARGIN, MEM_MARGIN, TIE
 
 
@@ -122,7 +124,7 @@ def markdown(rep: dict) -> str:
                      f"{s['prefilled']} | {s['reused']} | {s['ideal']} | {s['no_cache']} | {ratio} | "
                      f"{s['max_c1_diff']:.2g} |")
     blas = rep.get("blas") or {}
-    lines += ["", f"CPU BLAS: {'OpenBLAS ' + blas['openblas_core'] + ' kernels' if blas.get('openblas_core') else 'no OpenBLAS loaded (reference BLAS)'}."]
+    lines += ["", f"CPU BLAS: {describe_blas(blas.get('openblas_core'))}."]
     lines += [f"**{blas['coretype_mismatch']}**"] if blas.get("coretype_mismatch") else []
     lines += ["", *[f"**{s['new_platform']}**" for s in rep["per_model"].values() if s.get("new_platform")]]
     lines += ["", "Calibrated C1 tolerance (tol = max(K x noise, floor); tie = max(1e-3, 2 x tol)):", "",

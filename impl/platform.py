@@ -138,6 +138,13 @@ def openblas_core() -> str | None:
     return name.decode() if name else None
 
 
+def describe_blas(core: str | None) -> str:
+    """How reports name the CPU's BLAS, from ``openblas_core()``'s answer."""
+    if core:
+        return f"OpenBLAS {core} kernels"
+    return "no OpenBLAS loaded (the BLAS MLX links: the reference BLAS on Linux, Accelerate on macOS)"
+
+
 def coretype_mismatch(env: Mapping[str, str]) -> str | None:
     """What to tell a user whose ``OPENBLAS_CORETYPE`` the loaded OpenBLAS does not run; None when it
     does, when none is asked for or when no OpenBLAS is loaded."""
