@@ -66,8 +66,9 @@ def main_campaign(argv) -> int:
     from . import report
     from .campaign import Campaign
 
-    if coretype_mismatch(os.environ):
-        print(f"warning: {coretype_mismatch(os.environ)}", file=sys.stderr)
+    kernels = coretype_mismatch(os.environ)
+    if kernels:
+        print(f"warning: {kernels}", file=sys.stderr)
     c = Campaign(args, report_dir)
     for _, why in c.skipped:
         print(f"not run: {why}", file=sys.stderr)

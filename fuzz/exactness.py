@@ -92,7 +92,8 @@ def platform_line() -> str:
 
     from impl.platform import coretype_mismatch, describe_blas, openblas_core
     line = f"mlx {mx.__version__}, device {mx.default_device()}, {describe_blas(openblas_core())}"
-    return line + (f"; {coretype_mismatch(os.environ)}" if coretype_mismatch(os.environ) else "")
+    kernels = coretype_mismatch(os.environ)
+    return line + (f"; {kernels}" if kernels else "")
 
 
 def main(argv=None) -> int:

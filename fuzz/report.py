@@ -17,10 +17,11 @@ so ideal <= prefilled <= no_cache always (a check of the IDEAL oracle).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
-from impl.platform import describe_blas
+from impl.platform import coretype_mismatch, describe_blas, openblas_core
 
 from .oracle import A3_MARGIN, MEM_MARGIN, TIE
 
@@ -32,9 +33,6 @@ def _device() -> str:
 
 def _blas() -> dict:
     """The BLAS kernels the CPU ran, as the loaded library reports them (not as OPENBLAS_CORETYPE asks)."""
-    import os
-
-    from impl.platform import coretype_mismatch, openblas_core
     return {"openblas_core": openblas_core(), "coretype_mismatch": coretype_mismatch(os.environ)}
 
 
