@@ -19,10 +19,11 @@ growing by a few keys, so the forward's cost was counted as bookkeeping. ``settl
 where a forward ends, pays that deferred work there (the next forward paid it otherwise: the total is
 unchanged); docs/engine.md, "The allocator's deferred frees".
 
-``OPENBLAS_CORETYPE`` is a request, not a fact: OpenBLAS 0.3.21 (Debian's) does not honour
-``Cooperlake`` (it prints "Core not found" and falls back to its own detection, which is Prescott on the
-GPU machine's host), so a cell is named by ``openblas_core()``, the kernel set the loaded library runs, and
-``coretype_mismatch(env)`` says when the two differ (docs/platform.md, "Which kernels run").
+``OPENBLAS_CORETYPE`` is a request, not a fact: OpenBLAS 0.3.21 (Debian's) does not know the name
+``Cooperlake`` (it prints "Core not found" and takes the first set the CPU's instructions allow, which
+need not be the set it picks unasked), so a cell is named by ``openblas_core()``, the kernel set the
+loaded library runs, and ``coretype_mismatch(env)`` says when the two differ (docs/platform.md,
+"Which kernels run").
 
 ``PREFIX_TRIE_DEVICE=cpu|gpu`` picks MLX's default device for the suite, the fuzz campaign and runner
 processes (``apply_device_env()``): a GPU machine's CPU backend is a cell of docs/platform.md's matrix.

@@ -139,9 +139,9 @@ def _kernels(env_extra: dict) -> list:
 def test_openblas_core_is_the_kernel_set_in_force_not_the_one_asked_for():
     pre = {"LD_PRELOAD": platform.OPENBLAS}
     assert _kernels({**pre, "OPENBLAS_CORETYPE": "Prescott"}) == ["Prescott", "None"]   # any x86-64 runs it
-    core, why = _kernels({**pre, "OPENBLAS_CORETYPE": "NoSuchCore"})      # ignored: its own detection runs
+    core, why = _kernels({**pre, "OPENBLAS_CORETYPE": "NoSuchCore"})   # unknown: the instructions' fallback
     assert core not in ("None", "NoSuchCore")
     assert why.startswith("OPENBLAS_CORETYPE=NoSuchCore is not in force") and core in why
-    detected, _ = _kernels({**pre, "OPENBLAS_CORETYPE": ""})
-    assert detected == core
+    fallback, _ = _kernels({**pre, "OPENBLAS_CORETYPE": ""})   # empty is a name too: the same fallback
+    assert fallback == core
     assert _kernels({"LD_PRELOAD": "", "OPENBLAS_CORETYPE": "Prescott"}) == ["None", "None"]   # reference BLAS
