@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+
+from impl.platform import coretype_mismatch, describe_blas, openblas_core
 
 from .replayer import Replayer, Source, Step
 
@@ -88,9 +91,6 @@ def measure(lm, label: str, max_kv_size=None) -> dict:
 
 
 def platform_line() -> str:
-    import os
-
-    from impl.platform import coretype_mismatch, describe_blas, openblas_core
     line = f"mlx {mx.__version__}, device {mx.default_device()}, {describe_blas(openblas_core())}"
     kernels = coretype_mismatch(os.environ)
     return line + (f"; {kernels}" if kernels else "")
@@ -122,8 +122,9 @@ def main(argv=None) -> int:
             print(f"{label:14s} {dtype:9s} {row['device']}: stock twice exact {row['stock_twice_exact']}, "
                   f"impl = stock {row['impl_equals_stock']} ({row['seconds']} s)", flush=True)
     a.report.mkdir(parents=True, exist_ok=True)
-    (a.report / "exactness.json").write_text(json.dumps({"platform": platform_line(), "rows": out}, indent=1))
-    lines = [f"Platform: {platform_line()}", "", "| model | layer kinds | dtype | device | stock twice | impl = stock |",
+    platform = platform_line()
+    (a.report / "exactness.json").write_text(json.dumps({"platform": platform, "rows": out}, indent=1))
+    lines = [f"Platform: {platform}", "", "| model | layer kinds | dtype | device | stock twice | impl = stock |",
              "|---|---|---|---|---|---|"]
     for r in out:
         lines.append(f"| {r['model']} | {r['kinds']} | {r['dtype']} | {r['device']} | "
