@@ -111,17 +111,22 @@ def cut_schedule(ops) -> list:
 
 def compare(res, ref):
     """(max |server - replay| over the generated steps, the step where it is largest, (greedy, replay's
-    greedy) at the first step where they differ or None)."""
-    diff, step, greedy = 0.0, 0, None
-    for i, lp in enumerate(res.logprobs):
-        r = ref.get(len(res.prompt) - 1 + i)
-        if r is None:
-            return float("inf"), i, None
-        dd = float(mx.abs(lp - r).max())
+    greedy) at the first step where they differ or None). One evaluation for all steps."""
+    keys = [len(res.prompt) - 1 + i for i in range(len(res.logprobs))]
+    missing = [i for i, k in enumerate(keys) if k not in ref]
+    if missing:
+        return float("inf"), missing[0], None
+    if not keys:
+        return 0.0, 0, None
+    ours = mx.stack([x.reshape(-1) for x in res.logprobs])
+    theirs = mx.stack([ref[k].reshape(-1) for k in keys])
+    diffs, g_ours, g_ref = mx.abs(ours - theirs).max(axis=-1), mx.argmax(ours, axis=-1), mx.argmax(theirs, axis=-1)
+    mx.eval(diffs, g_ours, g_ref)
+    diff, step = 0.0, 0
+    for i, dd in enumerate(diffs.tolist()):
         if dd > diff:
             diff, step = dd, i
-        if greedy is None and int(mx.argmax(lp)) != int(mx.argmax(r)):
-            greedy = (int(mx.argmax(lp)), int(mx.argmax(r)))
+    greedy = next(((a, b) for a, b in zip(g_ours.tolist(), g_ref.tolist()) if a != b), None)
     return diff, step, greedy
 
 
