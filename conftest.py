@@ -22,7 +22,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from impl.platform import apply_device_env
+from impl.platform import apply_device_env, platform_line
 from stateful_tests.database import shared_example_database
 
 apply_device_env()        # PREFIX_TRIE_DEVICE=cpu|gpu (impl/platform.py)
@@ -58,7 +58,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 
 
 def pytest_report_header(config):
-    return f"hypothesis profile: {settings._current_profile}"
+    return [f"hypothesis profile: {settings._current_profile}", f"platform: {platform_line()}"]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The platform again at the end, where -q runs (CI's) show it beside any failure."""
+    terminalreporter.write_line(f"platform: {platform_line()}")
 
 
 def _dtype_unsupported_is_a_skip():

@@ -21,7 +21,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from impl.platform import coretype_mismatch, describe_blas, openblas_core
+from impl.platform import platform_line
 
 from .replayer import Replayer, Source, Step
 
@@ -88,12 +88,6 @@ def measure(lm, label: str, max_kv_size=None) -> dict:
     return {"model": label, "kinds": KINDS.get(label, "?"), "dtype": getattr(lm, "dtype", "float32"),
             "device": device_key(), "stock_twice_exact": stock, "impl_equals_stock": impl,
             "rewinds": any(r["rewind"] for r in rows), "runs": rows, "seconds": round(time.perf_counter() - t0, 1)}
-
-
-def platform_line() -> str:
-    line = f"mlx {mx.__version__}, device {mx.default_device()}, {describe_blas(openblas_core())}"
-    kernels = coretype_mismatch(os.environ)
-    return line + (f"; {kernels}" if kernels else "")
 
 
 def main(argv=None) -> int:

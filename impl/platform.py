@@ -154,3 +154,13 @@ def coretype_mismatch(env: Mapping[str, str]) -> str | None:
         return None
     return (f"OPENBLAS_CORETYPE={asked} is not in force: the loaded OpenBLAS runs its {core} kernels "
             f"(docs/platform.md, \"Which kernels run\")")
+
+
+def platform_line(env: Mapping[str, str] = os.environ) -> str:
+    """One line naming what this process computes with: MLX's version and default device, the CPU's
+    BLAS and, when one was asked for and is not in force, the kernel set asked for (the test session's
+    header, `python -m fuzz.exactness`)."""
+    import mlx.core as mx
+    line = f"mlx {mx.__version__}, device {mx.default_device()}, {describe_blas(openblas_core())}"
+    kernels = coretype_mismatch(env)
+    return line + (f"; {kernels}" if kernels else "")

@@ -145,3 +145,16 @@ def test_openblas_core_is_the_kernel_set_in_force_not_the_one_asked_for():
     fallback, _ = _kernels({**pre, "OPENBLAS_CORETYPE": ""})   # empty is a name too: the same fallback
     assert fallback == core
     assert _kernels({"LD_PRELOAD": "", "OPENBLAS_CORETYPE": "Prescott"}) == ["None", "None"]   # reference BLAS
+
+
+def test_platform_line_names_the_kernels_and_a_request_not_in_force():
+    import mlx.core as mx
+    core = platform.openblas_core()
+    line = platform.platform_line({})
+    assert line.startswith(f"mlx {mx.__version__}, device {mx.default_device()}, ")
+    assert line.endswith(platform.describe_blas(core))
+    if core is None:
+        pytest.skip("no OpenBLAS loaded: no kernel set to ask for")
+    assert "not in force" not in platform.platform_line({"OPENBLAS_CORETYPE": core})
+    asked = platform.platform_line({"OPENBLAS_CORETYPE": "NoSuchCore"})
+    assert "OPENBLAS_CORETYPE=NoSuchCore is not in force" in asked and f"runs its {core} kernels" in asked
