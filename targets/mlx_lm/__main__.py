@@ -1,4 +1,4 @@
-"""`./dev check-mlx-lm [--minutes N] [--report DIR] [--models a,b] [--lru FILE.py:FACTORY] [--save]`
+"""`./dev check-mlx-lm [--minutes N] [--report DIR] [--models a,b] [--lru FILE.py:FACTORY] [--save] [--hollow]`
 `python -m targets.mlx_lm replay` (saved findings on the installed mlx-lm) and
 `python -m targets.mlx_lm render DIR` (report.md and scripts again from DIR/report.json).
 `python -m targets.mlx_lm onefix [--dir D]` (every saved finding's script against a copy of mlx-lm per
@@ -8,7 +8,8 @@ check: hunts distinct rule violations from scratch for N minutes (default 10), w
 (report.md, report.json, programs/<RULE>-<cause>.json and _repro.py per violation) to DIR (default
 reports/mlx-lm); --save also stores the findings in targets/mlx_lm/findings/. --lru runs against
 another cache: FACTORY(prompt_cache_size, prompt_cache_bytes) stands for server.run's construction
-(a hand-fixed copy, to show the adapter raises no false alarms).
+(a hand-fixed copy, to show the adapter raises no false alarms). --hollow is the fast tier: hollow
+models (targets/mlx_lm/hollow.py), every rule but C1, each finding confirmed on the real models.
 Exit status: 0 whatever is found (findings are the product); 2 on bad arguments, or an mlx-lm without
 mlx_lm.models.cache.LRUPromptCache (before 0.32), in one line.
 replay: every saved finding; "reproduces" on the pinned version, "fixed upstream in X" when a newer
@@ -65,7 +66,8 @@ def check(args) -> int:
     version = _version()
     print(f"mlx-lm {version}; models {names}; {args.minutes} min", flush=True)
     t = time.perf_counter()
-    found = machine.search(names, args.minutes, lru_class=_lru(args.lru), log=lambda s: print(s, flush=True))
+    found = machine.search(names, args.minutes, lru_class=_lru(args.lru), log=lambda s: print(s, flush=True),
+                           hollow=args.hollow)
     seconds = time.perf_counter() - t
     meta = {"seconds": seconds, "steps": machine.STATS["steps"],
             "steps_per_s": machine.STATS["steps"] / max(machine.STATS["seconds"], 1e-9),
@@ -73,7 +75,8 @@ def check(args) -> int:
             "command": "./dev check-mlx-lm " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "./dev check-mlx-lm",
             "lru": args.lru or "mlx_lm.models.cache:LRUPromptCache",
             "models": [r for r in report.model_rows() if r["name"] in names],
-            "e1_worst": machine.E1_WORST, "paths": machine.PATHS}
+            "e1_worst": machine.E1_WORST, "paths": machine.PATHS,
+            "hollow": args.hollow, "unconfirmed": machine.UNCONFIRMED}
     out = report.write(Path(args.report), found, machine.POLICY, meta, version)
     if args.save:
         for f in found:
@@ -116,6 +119,9 @@ def main(argv=None) -> int:
     c.add_argument("--models", default="")
     c.add_argument("--lru", default="")
     c.add_argument("--save", action="store_true")
+    c.add_argument("--hollow", action="store_true",
+                   help="the fast tier: hollow models (the same cache states, no arithmetic), every rule but C1; "
+                        "findings are confirmed on the real models")
     sub.add_parser("replay")
     r = sub.add_parser("render")
     r.add_argument("dir")

@@ -107,14 +107,16 @@ class ServerDriver:
 
     def __init__(self, model_name: str, prompt_cache_size: int = 10, prompt_cache_bytes: int | None = None,
                  lru_class=None, observer=None, kv_bits: int | None = None, quantized_kv_start: int = 5000,
-                 draft: str | None = None, num_draft_tokens: int = 3):
+                 draft: str | None = None, num_draft_tokens: int = 3, hollow: bool = False):
         """`lru_class`: a factory (prompt_cache_size, prompt_cache_bytes) -> cache, standing for
         server.run's construction; default: what server.run does, LRUPromptCache(prompt_cache_size).
         `kv_bits`, `quantized_kv_start` (default 5000, the server's), `draft` (a model name: --draft-model)
-        and `num_draft_tokens` (default 3) are the server's flags of those names."""
+        and `num_draft_tokens` (default 3) are the server's flags of those names. `hollow`: the models'
+        hollow twins (targets.mlx_lm.hollow): the same cache calls and states, meaningless logprobs."""
         from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache
         self.model_name = model_name
-        self.model = models.build(model_name)
+        self.hollow = hollow
+        self.model = models.build(model_name, hollow)
         self.prompt_cache_size = prompt_cache_size
         self.prompt_cache_bytes = prompt_cache_bytes
         if lru_class is None:
@@ -123,7 +125,7 @@ class ServerDriver:
             self.lru = lru_class(prompt_cache_size, prompt_cache_bytes)
         self.kv_bits, self.quantized_kv_start = kv_bits, quantized_kv_start
         self.draft_name, self.num_draft_tokens = draft, num_draft_tokens
-        self.draft_model = None if draft is None else models.build(draft)
+        self.draft_model = None if draft is None else models.build(draft, hollow)
         # ModelProvider._load: batchable when there is no draft model and every layer cache can merge
         self.batchable = draft is None and all(hasattr(c, "merge") for c in make_prompt_cache(self.model))
         self.recorder = Recorder(self.model)

@@ -16,6 +16,9 @@ Invariants:
   over requests and tokens, each candidate replayed with only that rule enabled -- because replays
   with real forwards make Hypothesis's own shrinking of a stateful run take minutes.
 - Nothing is served after a crash (the server's generation thread is dead).
+- The fast tier (`hollow=True`) runs all of the above on hollow models (targets/mlx_lm/hollow.py: the
+  same cache calls and states, no arithmetic) with every rule but C1; a finding is shrunk there and
+  reported only once its shrunk program fails the same way on the real models.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_sta
 
 from targets.mlx_lm import models
 from targets.mlx_lm.adapter import ServerDriver
-from targets.mlx_lm.rules import Checker
+from targets.mlx_lm.rules import RULES, Checker
 
 ALPHABET = st.integers(1, 6)
 LAST: dict = {}
@@ -35,11 +38,20 @@ STATS = {"steps": 0, "seconds": 0.0}
 E1_WORST: dict = {}               # path -> the largest excess over --prompt-cache-bytes seen at rest, with its model
 PATHS: dict = {}                  # path -> requests served on it, over every run of the process
 POLICY: dict = {}                 # cause -> [count, first example], over every run of the process
+UNCONFIRMED: list = []            # the fast tier's findings its shrunk program did not reproduce on real models
+
+
+def tier_checker(hollow: bool = False, enabled=None) -> Checker:
+    """The checker of a tier: every rule on the real models; on hollow ones every rule but C1, whose
+    logprobs mean nothing there (targets/mlx_lm/hollow.py)."""
+    if hollow:
+        enabled = (set(RULES) if enabled is None else set(enabled)) - {"C1"}
+    return Checker(enabled=enabled)
 
 
 def unit_bytes(model_name: str) -> int:
     """Bytes of one 8-token entry on `model_name` (the scale of the byte limits drawn)."""
-    d = ServerDriver(model_name, prompt_cache_size=10)
+    d = ServerDriver(model_name, prompt_cache_size=10, hollow=True)     # hollow: the same bytes (its tests)
     d.request([1, 2, 3, 4, 5, 6, 1], [2])
     return max(e.nbytes for e in d.entries().values())
 
@@ -47,7 +59,7 @@ def unit_bytes(model_name: str) -> int:
 _units: dict = {}
 
 
-def make_machine(model_name: str, known=frozenset(), lru_class=None):
+def make_machine(model_name: str, known=frozenset(), lru_class=None, hollow: bool = False):
     if model_name not in _units:
         _units[model_name] = unit_bytes(model_name)
     unit = _units[model_name]
@@ -55,7 +67,7 @@ def make_machine(model_name: str, known=frozenset(), lru_class=None):
     class MlxLmServerMachine(RuleBasedStateMachine):
         @initialize(size=st.sampled_from([2, 3, 10]), mult=st.sampled_from([None, 1, 2, 4]), data=st.data())
         def setup(self, size, mult, data):
-            self.checker = Checker()
+            self.checker = tier_checker(hollow)
             limit = None if mult is None else mult * unit
             flags = {}
             if model_name in QUANTIZABLE and data.draw(st.booleans(), label="kv_bits"):
@@ -64,7 +76,7 @@ def make_machine(model_name: str, known=frozenset(), lru_class=None):
             if model_name in models.DRAFTS and data.draw(st.booleans(), label="draft"):
                 flags["draft"] = models.DRAFTS[model_name]
             self.driver = ServerDriver(model_name, prompt_cache_size=size, prompt_cache_bytes=limit,
-                                       lru_class=lru_class, observer=self.checker, **flags)
+                                       lru_class=lru_class, observer=self.checker, hollow=hollow, **flags)
             self.program = {"model": model_name, "prompt_cache_size": size, "prompt_cache_bytes": limit,
                             **flags, "ops": []}
             self.seqs = [()]
@@ -120,10 +132,11 @@ def _copy(p):
     return {**p, "ops": [list(map(lambda x: list(x) if isinstance(x, list) else x, op)) for op in p["ops"]]}
 
 
-def run_driver(program: dict, lru_class=None, checker=None):
-    checker = checker or Checker()
+def run_driver(program: dict, lru_class=None, checker=None, hollow: bool = False):
+    checker = checker or tier_checker(hollow)
     d = ServerDriver(program["model"], program["prompt_cache_size"], program["prompt_cache_bytes"],
-                     lru_class=lru_class, observer=checker, **{k: program[k] for k in FLAGS if k in program})
+                     lru_class=lru_class, observer=checker, hollow=hollow,
+                     **{k: program[k] for k in FLAGS if k in program})
     for op in program["ops"]:
         if d.dead:
             break
@@ -132,9 +145,10 @@ def run_driver(program: dict, lru_class=None, checker=None):
     return d, checker
 
 
-def replay(program: dict, lru_class=None) -> list:
-    """Every finding (violations and policy differences) of a program, all rules enabled."""
-    return run_driver(program, lru_class)[1].findings
+def replay(program: dict, lru_class=None, hollow: bool = False) -> list:
+    """Every finding (violations and policy differences) of a program, all rules enabled (on hollow
+    models: all but C1)."""
+    return run_driver(program, lru_class, hollow=hollow)[1].findings
 
 
 def reproduces(finding: dict, lru_class=None) -> bool:
@@ -152,11 +166,13 @@ def replay_status(finding: dict, installed: str, lru_class=None) -> str:
     return "does not reproduce"
 
 
-def hunt(model_name: str, known=frozenset(), hyp_settings=None, lru_class=None):
+def hunt(model_name: str, known=frozenset(), hyp_settings=None, lru_class=None, hollow: bool = False):
     """One Hypothesis run from scratch, generation only (no example database); the first failing
-    program is then shrunk by `shrink`. (finding, shrunk program, time of the first failure) or None."""
+    program is then shrunk by `shrink`. (finding, shrunk program, time of the first failure) or None.
+    `hollow`: on hollow models (every rule but C1), and the shrunk program is confirmed on the real
+    models; one that does not fail there is no finding: ("unconfirmed", finding, program)."""
     LAST.clear()
-    cls = make_machine(model_name, known, lru_class)
+    cls = make_machine(model_name, known, lru_class, hollow)
     s = hyp_settings or settings(max_examples=150, stateful_step_count=12)
     s = settings(s, deadline=None, database=None, phases=[Phase.generate])
     try:
@@ -167,32 +183,34 @@ def hunt(model_name: str, known=frozenset(), hyp_settings=None, lru_class=None):
     if not LAST:
         return None
     f = LAST["finding"]
-    program = shrink(LAST["program"], f.rule, f.cause, lru_class)
+    program = shrink(LAST["program"], f.rule, f.cause, lru_class, hollow=hollow)
+    if hollow and not _fails(program, f.rule, f.cause, lru_class):
+        return "unconfirmed", f, program
     _, ch = run_driver(program, lru_class, Checker(enabled={f.rule}))
     f = next((g for g in ch.findings if (g.rule, g.cause) == (f.rule, f.cause)), f)
     return f, program, LAST["first_at"]
 
 
-def _fails(program, rule, cause, lru_class) -> bool:
+def _fails(program, rule, cause, lru_class, hollow: bool = False) -> bool:
     try:
-        _, ch = run_driver(program, lru_class, Checker(enabled={rule}))
+        _, ch = run_driver(program, lru_class, tier_checker(hollow, {rule}), hollow)
     except Exception:
         return False
     return any(f.kind == "violation" and (f.rule, f.cause) == (rule, cause) for f in ch.findings)
 
 
-def shrink(program: dict, rule: str, cause: str, lru_class=None, passes: int = 4) -> dict:
+def shrink(program: dict, rule: str, cause: str, lru_class=None, passes: int = 4, hollow: bool = False) -> dict:
     """Greedy delta debugging until a pass changes nothing (at most `passes`): simpler flags, drop
     requests, replace a token value by 1 everywhere, plain text instead of chat, drop or lower single
     prompt and generated tokens. Every accepted candidate still fails with the same (rule, cause)."""
     best = _copy(program)
-    n = _last_needed(best, rule, cause, lru_class)
-    if n < len(best["ops"]) and _fails({**best, "ops": best["ops"][:n]}, rule, cause, lru_class):
+    n = _last_needed(best, rule, cause, lru_class, hollow)
+    if n < len(best["ops"]) and _fails({**best, "ops": best["ops"][:n]}, rule, cause, lru_class, hollow):
         best["ops"] = best["ops"][:n]
 
     def attempt(c):
         nonlocal best
-        if _fails(c, rule, cause, lru_class):
+        if _fails(c, rule, cause, lru_class, hollow):
             best = _copy(c)
             return True
         return False
@@ -243,17 +261,17 @@ def shrink(program: dict, rule: str, cause: str, lru_class=None, passes: int = 4
     return best
 
 
-def _last_needed(program, rule, cause, lru_class) -> int:
+def _last_needed(program, rule, cause, lru_class, hollow: bool = False) -> int:
     """Requests up to and including the first failing one."""
-    _, ch = run_driver(program, lru_class, Checker(enabled={rule}))
+    _, ch = run_driver(program, lru_class, tier_checker(hollow, {rule}), hollow)
     steps = [f.step for f in ch.findings if f.kind == "violation" and (f.rule, f.cause) == (rule, cause)]
     return (min(steps) + 1) if steps else len(program["ops"])
 
 
-def search(models, minutes: float, known=frozenset(), log=print, lru_class=None):
+def search(models, minutes: float, known=frozenset(), log=print, lru_class=None, hollow: bool = False):
     """Look for distinct (rule, cause) violations for `minutes`, model after model; every hunt
     starts from scratch (no example database, a fresh random seed) and stops at its first new
-    violation, shrunk. Runs the whole time given, whatever it finds."""
+    violation, shrunk. Runs the whole time given, whatever it finds. `hollow`: the fast tier (hunt)."""
     found, start = [], time.perf_counter()
     known = set(known)
     i = 0
@@ -262,9 +280,17 @@ def search(models, minutes: float, known=frozenset(), log=print, lru_class=None)
         i += 1
         t = time.perf_counter()
         got = hunt(m, frozenset(known), lru_class=lru_class,     # a fresh random seed per hunt
-                   hyp_settings=settings(max_examples=150, stateful_step_count=12, derandomize=False))
+                   hyp_settings=settings(max_examples=150, stateful_step_count=12, derandomize=False),
+                   hollow=hollow)
         if got is None:
             log(f"[{time.perf_counter() - start:6.1f}s] {m}: nothing new in {time.perf_counter() - t:.1f}s")
+            continue
+        if got[0] == "unconfirmed":
+            _, f, program = got
+            UNCONFIRMED.append({"rule": f.rule, "cause": f.cause, "model": m, "program": program})
+            known.add((f.rule, f.cause))          # the tier cannot tell it apart: later hunts look elsewhere
+            log(f"[{time.perf_counter() - start:6.1f}s] {m}: {f.rule} ({f.cause}) on hollow models only: "
+                "not reproduced on the real ones, not reported")
             continue
         f, program, first_at = got
         known.add((f.rule, f.cause))

@@ -70,8 +70,14 @@ DRAFTS = {"llama": "llama_draft"}            # a model and the draft model the m
 _built: dict = {}
 
 
-def build(name: str):
-    """The model `name`, built once per process (float32, weights evaluated)."""
+def build(name: str, hollow: bool = False):
+    """The model `name`, built once per process (float32, weights evaluated); `hollow`: its hollow
+    twin (targets.mlx_lm.hollow: the same cache writes, no arithmetic)."""
+    if hollow:
+        if (name, "hollow") not in _built:
+            from targets.mlx_lm.hollow import HollowModel
+            _built[(name, "hollow")] = HollowModel(build(name), VOCAB)
+        return _built[(name, "hollow")]
     if name not in _built:
         import mlx.core as mx
         cfg = dict(CONFIGS[name])
