@@ -14,11 +14,12 @@ Invariants:
   a cache with `maybe_trim_front` (ChunkedKVCache) is trimmed first (llama4 does so before attending);
   a KV cache gets one `update_and_fetch` of B x heads x L rows; an ArraysCache gets every state slot
   the model sets, then `advance(L)`; a CacheList gets each of its caches in turn.
-- tests/targets/test_mlx_lm_hollow.py shows the claim above on every model of the zoo, the draft
-  and --kv-bits configurations included: the same programs make the same cache calls and leave
-  entries equal in keys, types, offsets and bytes after every request, hollow or real.
+- tests/targets/test_mlx_lm_hollow.py shows the claim above on every model of the zoo, --kv-bits
+  included: the same programs make the same cache calls and leave entries equal in keys, types,
+  offsets and bytes after every request, hollow or real.
 - The greedy choices of a hollow model are all token 0 (zero logits): a draft model's proposals are
-  always accepted, so speculative decoding runs its all-accepted path only.
+  always accepted, so speculative decoding runs its all-accepted path only (the draft configuration
+  is therefore not in that equality, and findings that need a rejected proposal are the real tier's).
 """
 from __future__ import annotations
 
