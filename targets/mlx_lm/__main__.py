@@ -76,7 +76,8 @@ def check(args) -> int:
             "lru": args.lru or "mlx_lm.models.cache:LRUPromptCache",
             "models": [r for r in report.model_rows() if r["name"] in names],
             "e1_worst": machine.E1_WORST, "paths": machine.PATHS,
-            "hollow": args.hollow, "unconfirmed": machine.UNCONFIRMED}
+            "hollow": args.hollow, "unconfirmed": machine.UNCONFIRMED,
+            "rules": sorted(machine.tier_checker(args.hollow).enabled)}
     out = report.write(Path(args.report), found, machine.POLICY, meta, version)
     if args.save:
         for f in found:

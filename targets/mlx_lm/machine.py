@@ -184,19 +184,24 @@ def hunt(model_name: str, known=frozenset(), hyp_settings=None, lru_class=None, 
         return None
     f = LAST["finding"]
     program = shrink(LAST["program"], f.rule, f.cause, lru_class, hollow=hollow)
-    if hollow and not _fails(program, f.rule, f.cause, lru_class):
+    on_real = _violation(program, f.rule, f.cause, lru_class)       # the report's message, from the real models
+    if hollow and on_real is None:
         return "unconfirmed", f, program
-    _, ch = run_driver(program, lru_class, Checker(enabled={f.rule}))
-    f = next((g for g in ch.findings if (g.rule, g.cause) == (f.rule, f.cause)), f)
-    return f, program, LAST["first_at"]
+    return on_real or f, program, LAST["first_at"]
 
 
-def _fails(program, rule, cause, lru_class, hollow: bool = False) -> bool:
+def _violation(program, rule, cause, lru_class, hollow: bool = False):
+    """The program's first (rule, cause) violation with only that rule judged, or None (also when the
+    replay itself raises)."""
     try:
         _, ch = run_driver(program, lru_class, tier_checker(hollow, {rule}), hollow)
     except Exception:
-        return False
-    return any(f.kind == "violation" and (f.rule, f.cause) == (rule, cause) for f in ch.findings)
+        return None
+    return next((f for f in ch.findings if f.kind == "violation" and (f.rule, f.cause) == (rule, cause)), None)
+
+
+def _fails(program, rule, cause, lru_class, hollow: bool = False) -> bool:
+    return _violation(program, rule, cause, lru_class, hollow) is not None
 
 
 def shrink(program: dict, rule: str, cause: str, lru_class=None, passes: int = 4, hollow: bool = False) -> dict:

@@ -78,8 +78,7 @@ def write(out: Path, found: list, policy: dict, meta: dict, version: str) -> Pat
         lines.append(f"| {m['name']} | {', '.join(m['caches'])} | {m['path']} | {m['noise']:.1e} | "
                      f"{m['planted']:.1e} | {m['changed']:.1e} |")
     from targets.mlx_lm.rules import NOT_APPLICABLE, RULES
-    judged = sorted(set(RULES) - {"C1"}) if meta.get("hollow") else sorted(RULES)
-    lines += ["", f"Rules judged: {', '.join(judged)}. Not applicable:", ""]
+    lines += ["", f"Rules judged: {', '.join(meta.get('rules', sorted(RULES)))}. Not applicable:", ""]
     lines += [f"- {r}: {why}" for r, why in sorted(NOT_APPLICABLE.items())]
     lines += ["", "## Rule violations", "",
               "| rule | cause | model | steps | s to first detection | mlx-lm function (line) | public issue |",
