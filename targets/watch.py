@@ -1,12 +1,14 @@
 """python -m targets.watch run|failed|merge|latest: the nightly's watch on the peers (docs/fuzz.md "Sharded nightly").
 
   run TARGET --out DIR [--python PY] [--src CHECKOUT] [--minutes N] [--source TEXT]
-      A bounded hunt of TARGET (mlx-lm, mlx-vlm, ollama, vllm, sglang) on the peer installed for PY (the
+      A bounded hunt of TARGET (mlx-lm, mlx-lm-hollow, mlx-vlm, ollama, vllm, sglang) on the peer installed for PY (the
       interpreter of the peer's own venv; default this one), or on Ollama checkout CHECKOUT, then a replay
       of every saved finding of that target (targets/<target>/findings/, an empty or missing folder is
       none). Writes DIR/result.json (format prefix-trie-peer-watch/1), DIR/hunt.log, DIR/replay.log and
       DIR/programs/ (the program file of every hunt violation). Exit 0 when the target ran, 1 when it
-      failed to run (result.json says why), 2 bad arguments.
+      failed to run (result.json says why), 2 bad arguments. mlx-lm-hollow is mlx-lm's fast tier
+      (`check --hollow`: every rule but C1, each finding confirmed on the real models): its hunt is sorted
+      against mlx-lm's saved findings, which it does not replay (the mlx-lm target replays them).
   failed TARGET --out DIR --reason TEXT
       The result of a target that could not be installed (status "failed").
   merge DIR|FILE... --out OUT [--expect a,b,...]
@@ -34,17 +36,20 @@ ROOT = Path(__file__).resolve().parents[1]
 # target -> (module, hunt arguments, hunt exit codes that mean "ran", PyPI distribution)
 TARGETS = {
     "mlx-lm": ("targets.mlx_lm", ["check"], {0}, "mlx-lm"),
+    "mlx-lm-hollow": ("targets.mlx_lm", ["check", "--hollow"], {0}, "mlx-lm"),
     "mlx-vlm": ("targets.mlx_vlm", ["check"], {0, 1}, "mlx-vlm"),
     "ollama": ("targets.ollama", [], {0, 1}, None),
     "vllm": ("targets.vllm", ["check"], {0}, "vllm"),
     "sglang": ("targets.sglang", [], {0, 1}, "sglang"),
 }
+FINDINGS_OF = {"mlx-lm-hollow": "mlx-lm"}     # a tier of another target: that target's saved findings
+NO_REPLAY = {"mlx-lm-hollow"}                 # ... replayed by that target's own run, not twice
 SLACK_S = 15 * 60          # hunt time beyond --minutes (set-up, shrinking, report) before it counts as hung
 REPLAY_S = 30 * 60
 
 
 def findings_dir(target: str) -> Path:
-    return ROOT / "targets" / target.replace("-", "_") / "findings"
+    return ROOT / "targets" / FINDINGS_OF.get(target, target).replace("-", "_") / "findings"
 
 
 def saved_findings(target: str) -> list[Path]:
@@ -212,7 +217,7 @@ def run(a) -> int:
         result["reason"] = (f"hunt did not finish in {a.minutes:g} min + {SLACK_S // 60} min" if rc is None
                             else f"hunt exit {rc}{'' if rc not in ok_codes else ' and no report.md'}: "
                                  f"{_last_line(err or text)}")
-    if saved:
+    if saved and a.target not in NO_REPLAY:
         rc2, text2, err2 = _run(replay_cmd(a.target, py, a.src, saved), REPLAY_S, out / "replay.log")
         got = replay_verdicts(a.target, text2, saved)
         why = "replay did not finish" if rc2 is None else f"no verdict in the replay output (exit {rc2}): " \

@@ -225,3 +225,22 @@ def test_latest_release_from_pypi_json(monkeypatch, capsys):
     assert capsys.readouterr().out == "0.5.31\n" and asked == ["https://pypi.org/pypi/sglang/json"]
     assert watch.main(["latest", "absent-pkg"]) == 2
     assert "latest absent-pkg: no version from https://pypi.org/pypi/absent-pkg/json (HTTPError" in capsys.readouterr().err
+
+
+def test_hollow_tier_hunts_against_mlx_lms_findings_and_replays_none(tmp_path):
+    """mlx-lm-hollow runs `check --hollow` on the mlx-lm install, sorts its violations against mlx-lm's
+    saved findings, and leaves their replay to the mlx-lm row (no second replay, no replay.log)."""
+    saved = watch.saved_findings("mlx-lm-hollow")
+    assert saved and saved == watch.saved_findings("mlx-lm")
+    assert watch.main(["run", "mlx-lm-hollow", "--python", "/bin/false", "--out", str(tmp_path), "--minutes", "1"]) == 1
+    r = json.loads((tmp_path / "result.json").read_text())
+    assert r["target"] == "mlx-lm-hollow" and r["status"] == "failed" and r["saved"] == []
+    assert (tmp_path / "hunt.log").read_text().startswith("$ /bin/false -m targets.mlx_lm check --hollow --minutes 1")
+    assert not (tmp_path / "replay.log").exists()
+    progs = tmp_path / "hunt" / "programs"
+    progs.mkdir(parents=True)
+    (progs / "C1-trim-partial.json").write_text(json.dumps({"rule": "C1"}))
+    (progs / "M2-new.json").write_text(json.dumps({"rule": "M2"}))
+    new, known = watch.hunt_violations("mlx-lm-hollow", tmp_path / "hunt", saved, tmp_path / "out")
+    assert [v["name"] for v in new] == ["M2-new"]
+    assert [(v["name"], v["known_as"]) for v in known] == [("C1-trim-partial", "C1-trim-partial.json")]
