@@ -277,3 +277,36 @@ def test_reruns_keep_earlier_runs_flat_under_dated_headings():
         assert [ln for ln in out.splitlines() if ln in ("first", "second", "third")] == ["third", "second", "first"]
     deep = "# T\n\n- Date: 2026-01-09 10:00 UTC; x\n\n######## Deep\n"     # an old file's run seven levels down
     assert "#### Deep" in _earlier(deep).splitlines()
+
+
+def test_pagein_split_smoke(tmp_path):
+    """python -m bench.pagein_split: a request's bookkeeping split (docs/benchmarks.md). A cold request
+    copies nothing out; each resume copies out whole layers' K and V views (4 layers: a multiple of 8
+    arrays). The runs experiment copies fewer arrays and restores the same first tokens. The timers
+    are removed when the block ends."""
+    import json
+
+    from bench import pagein_split, scale
+    from impl.caches.kv import SnapshotKVCache
+    from impl.prefix_cache import PrefixCache
+
+    begin, mat = PrefixCache.begin, SnapshotKVCache.__dict__["_materialise_views"]
+    got, first = {}, {}
+    for runs in (False, True):
+        recs: list = []
+        rep = tmp_path / str(runs)
+        with pagein_split.split_timers(recs, runs=runs):
+            assert scale.main(["--smoke", "--arch", "llama", "--runner", "ours", "--conversations", "2",
+                               "--turns", "2", "--report", str(rep)]) == 0
+        assert PrefixCache.begin is begin and SnapshotKVCache.__dict__["_materialise_views"] is mat
+        got[runs] = [r for r in recs if r["engine"] == recs[-1]["engine"]]
+        first[runs] = [r["first"] for r in json.loads(next(rep.glob("*.json")).read_text())["runners"][0]["rows"]]
+    base = got[False]
+    assert [r["resumed"] > 0 for r in base] == [False, True, True, True]
+    for r in base:
+        assert r["bookkeeping_s"] > 0 and r["begin"] > 0 and r["close"] > 0
+        assert (r["pagein_arrays"] > 0) == (r["resumed"] > 0) and r["pagein_arrays"] % 8 == 0
+    assert [r["resumed"] for r in got[True]] == [r["resumed"] for r in base] and first[True] == first[False]
+    assert all(x["pagein_arrays"] <= r["pagein_arrays"] for x, r in zip(got[True], base))
+    assert sum(x["pagein_arrays"] for x in got[True]) < sum(r["pagein_arrays"] for r in base)
+    assert "| **sum** " in pagein_split.table(base)

@@ -1,0 +1,181 @@
+"""Where ours' bookkeeping goes on `bench.scale`'s rows: a per-request split (docs/benchmarks.md, issue #51).
+
+  python -m bench.pagein_split [--runs-experiment] [--json FILE] -- BENCH.SCALE ARGS
+      bench.scale's run with timers around the prefix cache's verbs (begin, close, prefilled, evaluated,
+      next_chunk), the engine's before_write (building the copies of the views the first chunk
+      overwrites) and the page-in's one evaluation (with the count and bytes of the arrays it evaluates).
+      A table a request of ours' last engine (bench.scale warms up on another), and the sums; --json
+      writes every request's record.
+  python -m bench.pagein_split --copies
+      The page-in's copy-out at llama 1.3B's geometry (24 layers, K and V [1, 4, 8192, 128] float32): the
+      same rows as 48 arrays, the allocator's pool emptied first or not, and as one join per K and V.
+
+--runs-experiment measures a design that is NOT built: adjacent lazy views of one layer copied out as
+one run (one copy per layer and K/V), each view's arrays slices of it. The values restored are the same
+(the smoke test compares first tokens); memory is not: an evicted slice's rows stay while a sibling holds
+the run. The timers add a few microseconds a call; the figures are for splitting, not for the floor.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import mlx.core as mx
+
+VERBS = ("begin", "close", "prefilled", "evaluated", "next_chunk")
+
+
+@contextmanager
+def split_timers(records: list, runs: bool = False):
+    """While open, every Engine.generate appends one dict to `records` (seconds and counts)."""
+    import impl.caches.evaluation as ev
+    import impl.engine as engine
+    from impl.caches.kv import SnapshotKVCache
+    from impl.prefix_cache import PrefixCache
+
+    cur: dict = defaultdict(float)
+    engines: dict = {}                              # id -> ordinal: bench.scale warms up on an engine of its own
+    saved = [(PrefixCache, v, getattr(PrefixCache, v)) for v in VERBS] + [
+        (engine, "before_write", engine.before_write), (engine.Engine, "generate", engine.Engine.generate),
+        (ev.deferred_eval, "__exit__", ev.deferred_eval.__exit__),
+        (SnapshotKVCache, "_materialise_views", SnapshotKVCache.__dict__["_materialise_views"])]
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                cur[name] += time.perf_counter() - t0
+        return wrapper
+
+    def begin(self, *a, **k):
+        cur["_page_in"] = 1                       # the next outermost block to end is the page-in's
+        return saved[0][2](self, *a, **k)
+
+    def exit_(self, *exc, _orig=ev.deferred_eval.__exit__):
+        if self.outer or cur.get("_page_in") != 1:
+            return _orig(self, *exc)
+        cur["_page_in"] = 2
+        arrays = list(ev._pending or ())
+        t0 = time.perf_counter()
+        try:
+            return _orig(self, *exc)
+        finally:
+            cur["pagein_eval"] += time.perf_counter() - t0
+            cur["pagein_arrays"] += len(arrays)
+            cur["pagein_bytes"] += sum(x.nbytes for x in arrays)
+
+    def generate(self, *a, _orig=engine.Engine.generate, **k):
+        cur.clear()
+        r = _orig(self, *a, **k)
+        records.append({"engine": engines.setdefault(id(self), len(engines)), "resumed": r.stats.resumed, "new_tokens": r.stats.total - r.stats.resumed,
+                        "bookkeeping_s": r.bookkeeping_s, "forward_s": r.forward_s,
+                        **{k: v for k, v in cur.items() if not k.startswith("_")}})
+        return r
+
+    for v in VERBS[1:]:
+        setattr(PrefixCache, v, timed(v, getattr(PrefixCache, v)))
+    PrefixCache.begin = timed("begin", begin)
+    engine.before_write = timed("before_write", engine.before_write)
+    engine.Engine.generate = generate
+    ev.deferred_eval.__exit__ = exit_
+    if runs:
+        SnapshotKVCache._materialise_views = staticmethod(_materialise_runs)
+    try:
+        yield records
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+
+
+def _materialise_runs(views) -> None:
+    """The experiment: one copy per run of adjacent views of one buffer, each view a slice of it."""
+    from impl.caches.evaluation import evaluate
+
+    views, runs, out = sorted(views, key=lambda s: s.start), [], []
+    for s in views:
+        if runs and runs[-1][-1].end == s.start and \
+                s._cache._readable(s.start, s.end)[0] is runs[-1][0]._cache._readable(runs[-1][0].start, runs[-1][0].end)[0]:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    for run in runs:
+        c, a, b = run[0]._cache, run[0].start, run[-1].end
+        keys, values = c._readable(a, b)
+        rk, rv = mx.contiguous(keys[:, :, a:b]), mx.contiguous(values[:, :, a:b])
+        out += [rk, rv]
+        for s in run:
+            s.keys, s.values, s._geom = rk[:, :, s.start - a:s.end - a], rv[:, :, s.start - a:s.end - a], None
+            c._views.discard(s)
+            s._cache = None
+            if s.on_materialise is not None:
+                s.on_materialise(s.size)
+    if out:
+        evaluate(*out)
+
+
+COLUMNS = ("resumed", "new_tokens", "bookkeeping_s", "pagein_eval", "pagein_arrays", "pagein_bytes", "begin",
+           "before_write", "prefilled", "close", "evaluated", "next_chunk", "forward_s")
+
+
+def table(records: list) -> str:
+    rows = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    fmt = lambda k, v: f"{v * 1e3:.2f} ms" if k.endswith("_s") or k in VERBS + ("pagein_eval", "before_write") \
+        else f"{v / 1e6:.1f} MB" if k == "pagein_bytes" else f"{int(v)}"
+    for r in records + [{k: sum(r.get(k, 0) for r in records) for k in COLUMNS}]:
+        rows.append("| " + " | ".join(fmt(k, r.get(k, 0)) for k in COLUMNS) + " |")
+    return "\n".join(rows[:-1] + ["| **sum** " + rows[-1][rows[-1].index(" | ", 2):]])
+
+
+def copies() -> None:
+    bufs = [mx.random.normal((1, 4, 8192, 128)) for _ in range(48)]
+    mx.eval(bufs)
+    print(f"mlx {mx.__version__}, {mx.default_device()}: 24 layers' K and V [1, 4, 8192, 128] float32")
+    for rows in (1024, 2048, 4096, 6144):
+        t = {}
+        for label in ("pool emptied", "pool warm", "pool warm again", "one join per K and V"):
+            if label == "pool emptied":
+                mx.clear_cache()
+            mx.synchronize()
+            t0 = time.perf_counter()
+            out = [mx.contiguous(x[:, :, :rows]) for x in bufs] if label != "one join per K and V" else \
+                [mx.concatenate([x[:, :, :rows] for x in bufs[i::2]], axis=2) for i in (0, 1)]
+            mx.eval(out)
+            t[label] = time.perf_counter() - t0
+            nbytes = sum(x.nbytes for x in out)
+            del out
+        print(f"{rows} rows, {nbytes / 1e6:.0f} MB: " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in t.items()), flush=True)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    own, scale_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, None)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs-experiment", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--copies", action="store_true")
+    a = ap.parse_args(own)
+    if a.copies:
+        copies()
+        return 0
+    if scale_args is None:
+        ap.error("give bench.scale's arguments after --")
+    from bench import scale
+
+    records: list = []
+    with split_timers(records, runs=a.runs_experiment):
+        rc = scale.main(scale_args)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(records, f, indent=1)
+    print(table([r for r in records if r["engine"] == records[-1]["engine"]]) if records else "no request of ours")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
