@@ -37,6 +37,7 @@ def split_timers(records: list, runs: bool = False):
     from impl.caches.kv import SnapshotKVCache
     from impl.prefix_cache import PrefixCache
 
+    orig_begin = PrefixCache.begin
     cur: dict = defaultdict(float)
     engines: dict = {}                              # id -> ordinal: bench.scale warms up on an engine of its own
     saved = [(PrefixCache, v, getattr(PrefixCache, v)) for v in VERBS] + [
@@ -55,7 +56,7 @@ def split_timers(records: list, runs: bool = False):
 
     def begin(self, *a, **k):
         cur["_page_in"] = 1                       # the next outermost block to end is the page-in's
-        return saved[0][2](self, *a, **k)
+        return orig_begin(self, *a, **k)
 
     def exit_(self, *exc, _orig=ev.deferred_eval.__exit__):
         if self.outer or cur.get("_page_in") != 1:
@@ -123,13 +124,18 @@ COLUMNS = ("resumed", "new_tokens", "bookkeeping_s", "pagein_eval", "pagein_arra
            "before_write", "prefilled", "close", "evaluated", "next_chunk", "forward_s")
 
 
+def _cell(k: str, v: float) -> str:
+    if k.endswith("_s") or k in VERBS + ("pagein_eval", "before_write"):
+        return f"{v * 1e3:.2f} ms"
+    return f"{v / 1e6:.1f} MB" if k == "pagein_bytes" else f"{int(v)}"
+
+
 def table(records: list) -> str:
+    total = {k: sum(r.get(k, 0) for r in records) for k in COLUMNS}
     rows = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    fmt = lambda k, v: f"{v * 1e3:.2f} ms" if k.endswith("_s") or k in VERBS + ("pagein_eval", "before_write") \
-        else f"{v / 1e6:.1f} MB" if k == "pagein_bytes" else f"{int(v)}"
-    for r in records + [{k: sum(r.get(k, 0) for r in records) for k in COLUMNS}]:
-        rows.append("| " + " | ".join(fmt(k, r.get(k, 0)) for k in COLUMNS) + " |")
-    return "\n".join(rows[:-1] + ["| **sum** " + rows[-1][rows[-1].index(" | ", 2):]])
+    rows += ["| " + " | ".join(_cell(k, r.get(k, 0)) for k in COLUMNS) + " |" for r in records]
+    rows.append("| **sum** | " + " | ".join(_cell(k, total[k]) for k in COLUMNS[1:]) + " |")
+    return "\n".join(rows)
 
 
 def copies() -> None:
