@@ -21,7 +21,8 @@ from tests.support.kv_rows import no_leaks  # noqa: F401 (autouse: A2, no snapsh
 def test_before_write_copies_every_layers_overwritten_views_in_one_evaluation(monkeypatch):
     """A forward that overwrites lazy views on every layer copies them out before the model runs, all
     layers in one MLX evaluation (factory.before_write): a layer's own write would evaluate its copies
-    alone, one evaluation per layer mid-forward. Hooks, rows and what the write leaves are unchanged."""
+    alone, one evaluation per layer mid-forward. The three layers' views of one range are one copy per K
+    and V (kv_snapshot.copy_out), not one per layer. Hooks, rows and what the write leaves are unchanged."""
     from impl.caches.factory import before_write
     from tests.support.evaluations import count_evaluations
 
@@ -36,7 +37,7 @@ def test_before_write_copies_every_layers_overwritten_views_in_one_evaluation(mo
         assert c.restore(None, 4)                       # a rewind: the next write overwrites [4, 6)
     evals = count_evaluations(monkeypatch)
     before_write(caches, 2)
-    assert len(evals) == 1 and evals[0] == 6, f"one evaluation of 3 layers x (K, V) expected, got {evals}"
+    assert len(evals) == 1 and evals[0] == 2, f"one evaluation of one K and one V array expected, got {evals}"
     assert all(not s.lazy for s in views)
     for i, s in enumerate(views):
         assert heard[i] == [s.size] and s.size > 0
