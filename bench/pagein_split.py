@@ -95,12 +95,13 @@ def split_timers(records: list, per_view: bool = False):
 
 
 def _copy_per_view(gathered: list) -> None:
-    """The before figure: each (view, keys, values) that kv_snapshot.materialise gathered copied alone."""
+    """The before figure: each (view, keys, values, geometry) that kv_snapshot.materialise gathered
+    copied alone."""
     from impl.caches.evaluation import evaluate
     from impl.caches.kv_snapshot import _copy_rows
 
     out = []
-    for s, k, v in gathered:
+    for s, k, v, _ in gathered:
         if not s.closed:
             s.keys, s.values, s._geom = _copy_rows(k, s.start, s.end), _copy_rows(v, s.start, s.end), None
             out += [s.keys, s.values]

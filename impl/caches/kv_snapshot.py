@@ -115,7 +115,7 @@ def materialise(views) -> None:
     gathered = []
     for s in views:
         c = s._cache
-        gathered.append((s, *c._readable(s.start, s.end)))
+        gathered.append((s, *c._readable(s.start, s.end), c._geometry()))
         c._views.discard(s)
         s._cache = None
     if _gathering is not None:
@@ -125,21 +125,23 @@ def materialise(views) -> None:
 
 
 def _copy(gathered: list) -> None:
+    """Copy (view, keys, values, geometry) rows out: one K and one V array per range and geometry."""
     groups: dict = {}
-    for s, k, v in gathered:
-        groups.setdefault((s.start, s.end, _geometry(k, v)), []).append((s, k, v))
+    for g in gathered:
+        groups.setdefault((g[0].start, g[0].end, g[3]), []).append(g)
     out = []
     for (a, b, _), group in groups.items():
         if len(group) == 1:
-            _, k, v = group[0]
+            _, k, v, _ = group[0]
             ks, vs = [_copy_rows(k, a, b)], [_copy_rows(v, a, b)]
             out += ks + vs
         else:                               # one array per K and V, split back along the batch axis
-            jk = mx.concatenate([k[:, :, a:b] for _, k, _ in group], axis=0)
-            jv = mx.concatenate([v[:, :, a:b] for _, _, v in group], axis=0)
+            jk = mx.concatenate([g[1][:, :, a:b] for g in group], axis=0)
+            jv = mx.concatenate([g[2][:, :, a:b] for g in group], axis=0)
             ks, vs = mx.split(jk, len(group), axis=0), mx.split(jv, len(group), axis=0)
             out += [jk, jv]
-        for (s, _, _), k, v in zip(group, ks, vs):
+        for g, k, v in zip(group, ks, vs):
+            s = g[0]
             if s.closed:                    # (released in the block: nothing to own)
                 continue
             s.keys, s.values, s._geom = k, v, None
