@@ -72,8 +72,9 @@ def copying(caches: Sequence[Optional[LayerCache]]) -> list[LayerCache]:
 
 def before_write(caches: Sequence[Optional[LayerCache]], n: int) -> None:
     """Copy out every lazy snapshot the next forward of n rows overwrites, all layers in one MLX
-    evaluation, the views of one range in all layers as one copy (kv_snapshot.copy_out) (a layer's own write would evaluate its copies alone, one evaluation per layer). Most
-    forwards (decode steps) overwrite none: then it returns without opening the evaluation block."""
+    evaluation (a layer's own write would evaluate its copies alone, one evaluation per layer), the
+    views of one range in all layers as one copy (kv_snapshot.copy_out). Most forwards (decode steps)
+    overwrite none: then it returns without opening the evaluation block."""
     for c in caches:
         if c is not None and c.would_copy(n):
             break

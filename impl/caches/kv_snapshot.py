@@ -84,7 +84,7 @@ def _geometry(k, v):
 
 # --- copy-out --------------------------------------------------------------------------------
 
-_gathering: list | None = None      # (view, keys, values) the open copy_out block copies at its end
+_gathering: list | None = None      # (view, keys, values, geometry) the open copy_out block copies
 
 
 class copy_out:
