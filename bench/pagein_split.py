@@ -1,6 +1,6 @@
 """Where ours' bookkeeping goes on `bench.scale`'s rows: a per-request split (docs/benchmarks.md, issue #51).
 
-  python -m bench.pagein_split [--per-view] [--json FILE] -- BENCH.SCALE ARGS
+  python -m bench.pagein_split [--runs-experiment] [--json FILE] -- BENCH.SCALE ARGS
       bench.scale's run with timers around the prefix cache's verbs (begin, close, prefilled, evaluated,
       next_chunk), the engine's before_write (building the copies of the views the first chunk
       overwrites) and the page-in's one evaluation (with the count and bytes of the arrays it evaluates).
@@ -10,10 +10,10 @@
       The page-in's copy-out at llama 1.3B's geometry (24 layers, K and V [1, 4, 8192, 128] float32): the
       same rows as 48 arrays, the allocator's pool emptied first or not, and as one join per K and V.
 
---per-view copies each layer's view alone (two arrays per node and layer), as impl did before
-kv_snapshot.copy_out copied a node's views in all layers as one array per K and V: the before figure,
-on the same machine and tree. The timers add a few microseconds a call; the figures are for splitting,
-not for the floor.
+--runs-experiment measures a design that is NOT built: adjacent lazy views of one layer copied out as
+one run (one copy per layer and K/V), each view's arrays slices of it. The values restored are the same
+(the smoke test compares first tokens); memory is not: an evicted slice's rows stay while a sibling holds
+the run. The timers add a few microseconds a call; the figures are for splitting, not for the floor.
 """
 from __future__ import annotations
 
@@ -30,11 +30,11 @@ VERBS = ("begin", "close", "prefilled", "evaluated", "next_chunk")
 
 
 @contextmanager
-def split_timers(records: list, per_view: bool = False):
+def split_timers(records: list, runs: bool = False):
     """While open, every Engine.generate appends one dict to `records` (seconds and counts)."""
     import impl.caches.evaluation as ev
-    import impl.caches.kv_snapshot as kvs
     import impl.engine as engine
+    from impl.caches.kv import SnapshotKVCache
     from impl.prefix_cache import PrefixCache
 
     orig_begin = PrefixCache.begin
@@ -43,7 +43,7 @@ def split_timers(records: list, per_view: bool = False):
     saved = [(PrefixCache, v, getattr(PrefixCache, v)) for v in VERBS] + [
         (engine, "before_write", engine.before_write), (engine.Engine, "generate", engine.Engine.generate),
         (ev.deferred_eval, "__exit__", ev.deferred_eval.__exit__),
-        (kvs, "_copy", kvs._copy)]
+        (SnapshotKVCache, "_materialise_views", SnapshotKVCache.__dict__["_materialise_views"])]
 
     def timed(name, fn):
         def wrapper(*a, **k):
@@ -85,8 +85,8 @@ def split_timers(records: list, per_view: bool = False):
     engine.before_write = timed("before_write", engine.before_write)
     engine.Engine.generate = generate
     ev.deferred_eval.__exit__ = exit_
-    if per_view:
-        kvs._copy = _copy_per_view
+    if runs:
+        SnapshotKVCache._materialise_views = staticmethod(_materialise_runs)
     try:
         yield records
     finally:
@@ -94,17 +94,26 @@ def split_timers(records: list, per_view: bool = False):
             setattr(owner, name, fn)
 
 
-def _copy_per_view(gathered: list) -> None:
-    """The before figure: each (view, keys, values, geometry) that kv_snapshot.materialise gathered
-    copied alone."""
+def _materialise_runs(views) -> None:
+    """The experiment: one copy per run of adjacent views of one buffer, each view a slice of it."""
     from impl.caches.evaluation import evaluate
-    from impl.caches.kv_snapshot import _copy_rows
 
-    out = []
-    for s, k, v, _ in gathered:
-        if not s.closed:
-            s.keys, s.values, s._geom = _copy_rows(k, s.start, s.end), _copy_rows(v, s.start, s.end), None
-            out += [s.keys, s.values]
+    views, runs, out = sorted(views, key=lambda s: s.start), [], []
+    for s in views:
+        if runs and runs[-1][-1].end == s.start and \
+                s._cache._readable(s.start, s.end)[0] is runs[-1][0]._cache._readable(runs[-1][0].start, runs[-1][0].end)[0]:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    for run in runs:
+        c, a, b = run[0]._cache, run[0].start, run[-1].end
+        keys, values = c._readable(a, b)
+        rk, rv = mx.contiguous(keys[:, :, a:b]), mx.contiguous(values[:, :, a:b])
+        out += [rk, rv]
+        for s in run:
+            s.keys, s.values, s._geom = rk[:, :, s.start - a:s.end - a], rv[:, :, s.start - a:s.end - a], None
+            c._views.discard(s)
+            s._cache = None
             if s.on_materialise is not None:
                 s.on_materialise(s.size)
     if out:
@@ -153,7 +162,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, scale_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, None)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--per-view", action="store_true", help="copy each layer's view alone (the before figure)")
+    ap.add_argument("--runs-experiment", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--copies", action="store_true")
     a = ap.parse_args(own)
@@ -165,7 +174,7 @@ def main(argv=None) -> int:
     from bench import scale
 
     records: list = []
-    with split_timers(records, per_view=a.per_view):
+    with split_timers(records, runs=a.runs_experiment):
         rc = scale.main(scale_args)
     if a.json:
         with open(a.json, "w") as f:

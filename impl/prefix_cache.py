@@ -28,7 +28,6 @@ from bisect import bisect_left, bisect_right
 
 from impl import dump, invariants
 from impl.caches.evaluation import deferred_eval
-from impl.caches.kv_snapshot import copy_out
 from impl.eviction import Eviction, EvictionOrder
 from impl.plan import _chunk_end, _inside, schedule
 from impl.request import Request, Stats
@@ -196,21 +195,18 @@ class PrefixCache(Eviction):
 
     def _restore(self, path: list, x: int, common: int) -> None:
         ends = [n.end for n in path]
-        ok = {i: c.restore(None, min(common, x)) for i, c in self._kv}
-        with copy_out():                                     # the views the rows below overwrite, in one
-            for _, c in self._kv:                            # pass: one copy per node and K/V (kv_snapshot)
-                if c.offset < x:
-                    c.before_write(x - c.offset)
         for i in self.stateful():
             cache = self.caches[i]
             if cache.kind == "kv":
+                ok = cache.restore(None, min(common, x))
                 if cache.offset < x:
+                    cache.before_write(x - cache.offset)     # the views the rows below overwrite, in one pass
                     run = path[bisect_right(ends, cache.offset, 1):bisect_left(ends, x, 1) + 1]   # the nodes
-                    ok[i] = ok[i] and cache.restore_run([n.snaps[i] for n in run], x)  # from the offset to x
+                    ok = ok and cache.restore_run([n.snaps[i] for n in run], x)  # from the offset to x
             else:
                 src = self._source(i, path, x, common, ends)
-                ok[i] = cache.restore(None, 0) if src == "reset" else cache.restore(None if src == "live" else src, x)
-            assert ok[i] and cache.offset == x, f"T3: layer {i} could not be restored to {x}"
+                ok = cache.restore(None, 0) if src == "reset" else cache.restore(None if src == "live" else src, x)
+            assert ok and cache.offset == x, f"T3: layer {i} could not be restored to {x}"
 
     # ----------------------------------------------------------- prefill
     def next_chunk(self, chunk: int) -> tuple | None:

@@ -27,7 +27,6 @@ from .evaluation import deferred_eval
 from .chunked import ChunkedCache
 from .composite import make_list_cache
 from .kv import KVCache
-from .kv_snapshot import copy_out
 from .recurrent import RecurrentCache
 from .windowed import WindowedCache
 
@@ -72,15 +71,14 @@ def copying(caches: Sequence[Optional[LayerCache]]) -> list[LayerCache]:
 
 def before_write(caches: Sequence[Optional[LayerCache]], n: int) -> None:
     """Copy out every lazy snapshot the next forward of n rows overwrites, all layers in one MLX
-    evaluation (a layer's own write would evaluate its copies alone, one evaluation per layer), the
-    views of one range in all layers as one copy (kv_snapshot.copy_out). Most forwards (decode steps)
-    overwrite none: then it returns without opening the evaluation block."""
+    evaluation (a layer's own write would evaluate its copies alone, one evaluation per layer). Most
+    forwards (decode steps) overwrite none: then it returns without opening the evaluation block."""
     for c in caches:
         if c is not None and c.would_copy(n):
             break
     else:
         return
-    with deferred_eval(), copy_out():           # a node's views in every layer: one copy per K and V
+    with deferred_eval():
         for c in caches:
             if c is not None:
                 c.before_write(n)

@@ -36,7 +36,7 @@ from mlx_lm.models.cache import create_attention_mask
 from .base import CacheError, LayerCache
 from .captures import CaptureSchedule
 from .evaluation import after_block, evaluate
-from .kv_snapshot import KVSnapshot, _copy_rows, _geometry, materialise, merge_kv, split_kv
+from .kv_snapshot import KVSnapshot, _copy_rows, _geometry, merge_kv, split_kv
 from .masks import span_mask, spans_touching
 
 
@@ -176,8 +176,10 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
     @staticmethod
     def _materialise_views(views) -> None:
         """Copy several views out with one evaluation (before any write to the buffer they read)."""
+        for s in views:
+            s._materialise(now=False)
         if views:
-            materialise(views)
+            evaluate(*[a for s in views for a in (s.keys, s.values)])
 
     def _readable(self, start: int, end: int) -> tuple[mx.array, mx.array]:
         """The buffer a view of rows [start, end) copies from: as it was before the open page-in's
