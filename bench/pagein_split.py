@@ -1,11 +1,13 @@
 """Where ours' bookkeeping goes on `bench.scale`'s rows: a per-request split (docs/benchmarks.md, issue #51).
 
-  python -m bench.pagein_split [--runs-experiment] [--json FILE] -- BENCH.SCALE ARGS
+  python -m bench.pagein_split [--apart] [--runs-experiment] [--json FILE] -- BENCH.SCALE ARGS
       bench.scale's run with timers around the prefix cache's verbs (begin, close, prefilled, evaluated,
-      next_chunk), the engine's before_write (building the copies of the views the first chunk
-      overwrites) and the page-in's one evaluation (with the count and bytes of the arrays it evaluates).
+      next_chunk), the engine's before_write (the copies of the views a write overwrites: built for the
+      first chunk, taken over for later ones), the page-in's one evaluation (with the count and bytes of
+      the arrays it evaluates) and the copies made ahead with forwards' evaluations (count and bytes).
       A table a request of ours' last engine (bench.scale warms up on another), and the sums; --json
-      writes every request's record.
+      writes every request's record. --apart: each write's copies of the views it overwrites get an
+      evaluation of their own (Engine.copy_ahead off), as before copy_ahead: the A/B of that design.
   python -m bench.pagein_split --copies
       The page-in's copy-out at llama 1.3B's geometry (24 layers, K and V [1, 4, 8192, 128] float32): the
       same rows as 48 arrays, the allocator's pool emptied first or not, and as one join per K and V.
@@ -43,7 +45,8 @@ def split_timers(records: list, runs: bool = False):
     saved = [(PrefixCache, v, getattr(PrefixCache, v)) for v in VERBS] + [
         (engine, "before_write", engine.before_write), (engine.Engine, "generate", engine.Engine.generate),
         (ev.deferred_eval, "__exit__", ev.deferred_eval.__exit__),
-        (SnapshotKVCache, "_materialise_views", SnapshotKVCache.__dict__["_materialise_views"])]
+        (SnapshotKVCache, "_materialise_views", SnapshotKVCache.__dict__["_materialise_views"]),
+        (SnapshotKVCache, "copy_ahead", SnapshotKVCache.copy_ahead)]
 
     def timed(name, fn):
         def wrapper(*a, **k):
@@ -79,6 +82,14 @@ def split_timers(records: list, runs: bool = False):
                         **{k: v for k, v in cur.items() if not k.startswith("_")}})
         return r
 
+    def copy_ahead(self, n, _orig=SnapshotKVCache.copy_ahead):
+        k = len(self._ahead)
+        _orig(self, n)
+        made = self._ahead[k:]                    # copies evaluated with the forward, not in a block of their own
+        cur["ahead_arrays"] += 2 * len(made)
+        cur["ahead_bytes"] += sum(a.nbytes for s in made for a in s._ahead)
+
+    SnapshotKVCache.copy_ahead = copy_ahead
     for v in VERBS[1:]:
         setattr(PrefixCache, v, timed(v, getattr(PrefixCache, v)))
     PrefixCache.begin = timed("begin", begin)
@@ -121,13 +132,13 @@ def _materialise_runs(views) -> None:
 
 
 COLUMNS = ("resumed", "new_tokens", "bookkeeping_s", "pagein_eval", "pagein_arrays", "pagein_bytes", "begin",
-           "before_write", "prefilled", "close", "evaluated", "next_chunk", "forward_s")
+           "before_write", "ahead_arrays", "ahead_bytes", "prefilled", "close", "evaluated", "next_chunk", "forward_s")
 
 
 def _cell(k: str, v: float) -> str:
     if k.endswith("_s") or k in VERBS + ("pagein_eval", "before_write"):
         return f"{v * 1e3:.2f} ms"
-    return f"{v / 1e6:.1f} MB" if k == "pagein_bytes" else f"{int(v)}"
+    return f"{v / 1e6:.1f} MB" if k.endswith("_bytes") else f"{int(v)}"
 
 
 def table(records: list) -> str:
@@ -163,6 +174,7 @@ def main(argv=None) -> int:
     own, scale_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, None)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs-experiment", action="store_true")
+    ap.add_argument("--apart", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--copies", action="store_true")
     a = ap.parse_args(own)
@@ -172,7 +184,9 @@ def main(argv=None) -> int:
     if scale_args is None:
         ap.error("give bench.scale's arguments after --")
     from bench import scale
+    from impl.engine import Engine
 
+    Engine.copy_ahead = not a.apart
     records: list = []
     with split_timers(records, runs=a.runs_experiment):
         rc = scale.main(scale_args)

@@ -12,6 +12,9 @@ Invariants kept here:
     the last produced token is never fed back (it is not in the cache).
   - A cancel between chunks (or decode steps) stops the request; close()
     still runs and keeps every capture the prefill crossed.
+  - The lazy views a chunk (or decode step) will overwrite are copied out with
+    the evaluation of the forward before it (copy_ahead), not in one of their
+    own; they stay lazy until that write, so a cancel between leaves them so.
   - Media features enter through the model's embedding layer and
     non-causal spans through the caches' masks, for this forward only.
   - One thread runs the requests: the first generate() binds the engine to its
@@ -102,6 +105,8 @@ class Result:
 
 
 class Engine:
+    copy_ahead = True       # False: each write's copies get an evaluation of their own (bench.pagein_split --apart)
+
     def __init__(self, loaded, budget_bytes: int = 1 << 62, *, chunk_size: int = 64, capture_interval: int = 256,
                  near_end: int = 4, check_rules: bool = False):
         if budget_bytes < 0:
@@ -192,10 +197,12 @@ class Engine:
         return validate_media(media, len(tokens))
 
     # ---------------------------------------------------------- forward
-    def _forward(self, tokens, p: int, media, request_spans, logits: bool = True, views: bool = True) -> mx.array | None:
+    def _forward(self, tokens, p: int, media, request_spans, logits: bool = True, views: bool = True,
+                 ahead: int = 0) -> mx.array | None:
         """One model forward at offset p. A prefill chunk (logits=False) evaluates only the caches:
         the vocabulary projection of its positions is never computed. views=False: the caller knows
-        that no lazy snapshot lies in the rows written (no check)."""
+        that no lazy snapshot lies in the rows written (no check). ahead: the rows the next forward
+        writes; the views it overwrites are copied out with this forward's evaluation."""
         q = p + len(tokens)
         if views:
             w0 = time.perf_counter()
@@ -216,6 +223,11 @@ class Engine:
         try:
             with deferred_eval():       # one MLX evaluation: the forward and the captures its caches took
                 out = forward(self.model, mx.array([list(map(int, tokens))]), self.caches, views_copied=True)
+                if ahead and self.copy_ahead:
+                    w0 = time.perf_counter()
+                    for c in self._copying:
+                        c.copy_ahead(ahead)
+                    self.copies_s += time.perf_counter() - w0
                 evaluate(*([out] if logits else []), *[a for c in self.caches if c is not None for a in _arrays(c)])
             settle_allocator()          # the frees of this forward's graph, paid here (impl/platform.py)
         finally:
@@ -254,8 +266,10 @@ class Engine:
             pagein = time.perf_counter() - w0 - (self.pc.bookkeeping_s - book0)
             while chunk is not None and not cancelled:
                 p, q = chunk
+                after = self.pc.chunk_at(q, self.chunk_size)       # the next write: a chunk or the seed
+                ahead = after[1] - after[0] if after else (1 if max_tokens > 0 else 0)
                 f0 = time.perf_counter()
-                self._forward(tokens[p:q], p, media, spans, logits=False)
+                self._forward(tokens[p:q], p, media, spans, logits=False, ahead=ahead)
                 fwd += time.perf_counter() - f0
                 self.pc.evaluated(keys[p:q])
                 chunk = self.pc.next_chunk(self.chunk_size)
@@ -267,7 +281,7 @@ class Engine:
                     f0 = time.perf_counter()         # the seed and decode write rows [n-1, n-1+max_tokens) and
                     views = any(c.would_copy(max_tokens) for c in self._copying)    # make no view: one check
                     self.copies_s += time.perf_counter() - f0                       # when none lies there
-                    logits = self._forward(tokens[n - 1:], n - 1, media, spans, views=views)
+                    logits = self._forward(tokens[n - 1:], n - 1, media, spans, views=views, ahead=int(views))
                     fwd += time.perf_counter() - f0
                     decoded = [keys[n - 1]]          # keys evaluated since prefill: reported in one call at the end
                     first_logits = logits[0, -1]
@@ -282,10 +296,12 @@ class Engine:
                             cancelled = cancelled or (len(produced) < max_tokens and tok != self.eos)
                             break
                         f0 = time.perf_counter()
-                        logits = self._forward([tok], self.pc.offset, (), [], views=views)
+                        logits = self._forward([tok], self.pc.offset, (), [], views=views, ahead=int(views))
                         fwd += time.perf_counter() - f0
                         decoded.append(tok)
         finally:
+            for c in self._copying:
+                c.drop_ahead()
             if opened:
                 if decoded:
                     self.pc.evaluated(decoded)

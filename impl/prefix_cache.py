@@ -213,8 +213,12 @@ class PrefixCache(Eviction):
         """The next prefill chunk [p, q) (None when only the decode seed is
         left): at most `chunk` keys, cut at scheduled captures when whole-state
         layers need a forward boundary, extended over a non-causal span (M1)."""
+        return self.chunk_at(self.offset, chunk)
+
+    def chunk_at(self, p: int, chunk: int) -> tuple | None:
+        """The chunk ``next_chunk`` gives once the live offset is p (changes nothing)."""
         t0, req, cut = time.perf_counter(), self.request, None
-        p, target = self.offset, len(req.keys) - 1
+        target = len(req.keys) - 1
         if p < target:
             q = min(p + chunk, target)
             if self.whole_state:

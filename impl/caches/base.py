@@ -232,6 +232,14 @@ class LayerCache:
         evaluation only then: once per decode step otherwise). Changes no state."""
         return False
 
+    def copy_ahead(self, n: int) -> None:
+        """Inside the evaluation of a forward that just wrote: start the copies ``before_write(n)`` will
+        need at the next write, so that write evaluates none (kinds without lazy snapshots: nothing).
+        Changes no state a reader sees; copies not taken over go at that write or ``drop_ahead``."""
+
+    def drop_ahead(self) -> None:
+        """Let the copies made ahead go, unused (a request ending before the write they awaited)."""
+
     def reserve(self, rows: int) -> None:
         """A hint for the open request: it writes up to `rows` rows in all; a growing buffer may size
         its last growth to it (kinds of bounded size ignore it). Changes no state a reader sees."""

@@ -121,6 +121,14 @@ class _ListMixin:
     def would_copy(self, n: int) -> bool:
         return any(c.would_copy(n) for c in self.caches)
 
+    def copy_ahead(self, n: int) -> None:
+        for c in self.caches:
+            c.copy_ahead(n)
+
+    def drop_ahead(self) -> None:
+        for c in self.caches:
+            c.drop_ahead()
+
     def _check_parts(self, snap) -> None:
         self._check_snapshot(snap)
         if len(snap.parts) != len(self.caches):

@@ -60,6 +60,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self._since_boundary = 0
         self._reserved = 0          # the open request's announced rows (reserve); 0: none
         self._unwritten = None      # (keys, values, lo, hi): the buffer before a page-in wrote rows [lo, hi)
+        self._ahead: list[KVSnapshot] = []   # views holding copies made ahead of the write they await (copy_ahead)
 
     # --- mlx-lm cache interface --------------------------------------------------------------
     def update_and_fetch(self, keys: mx.array, values: mx.array):
@@ -154,12 +155,32 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         return [s for s in self._views if s.start < q and s.end > p]
 
     def _before_overwrite(self, p: int, q: int) -> None:
-        """Materialise every outstanding view overlapping slots [p, q)."""
+        """Materialise every outstanding view overlapping slots [p, q); copies made ahead for another
+        write are dropped (the write they were made for has come)."""
         views = self._overlapping(p, q)
         if views:
             self._materialise_views(views)
             self._views_max_end = max((s.end for s in self._views), default=0)
             self._clear = (p, q)
+        if self._ahead:
+            self.drop_ahead()
+
+    def copy_ahead(self, n: int) -> None:
+        """Copy out now, from the buffer this forward just wrote, the rows of every view the next write
+        of n rows at the offset will overwrite, with this forward's evaluation; that write's
+        before_write takes the copies over and evaluates nothing. Until then the views stay lazy (size
+        0, no hook): a cancel in between leaves them as they were, and the copies go (drop_ahead)."""
+        for s in self._overlapping(self.offset, self.offset + n):
+            if s._ahead is None:
+                s._ahead = (_copy_rows(self.keys, s.start, s.end), _copy_rows(self.values, s.start, s.end))
+                evaluate(*s._ahead)
+                self._ahead.append(s)
+
+    def drop_ahead(self) -> None:
+        """Let every copy made ahead and not taken over go (its views stay lazy)."""
+        for s in self._ahead:
+            s._ahead = None
+        self._ahead.clear()
 
     def _track(self, s: KVSnapshot) -> None:
         """A new outstanding view: cleared slots keep only their part past it (writes move forward)."""
@@ -175,11 +196,13 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
 
     @staticmethod
     def _materialise_views(views) -> None:
-        """Copy several views out with one evaluation (before any write to the buffer they read)."""
+        """Copy several views out with one evaluation (before any write to the buffer they read); views
+        copied ahead need none."""
+        pending = [s for s in views if s._ahead is None]
         for s in views:
             s._materialise(now=False)
-        if views:
-            evaluate(*[a for s in views for a in (s.keys, s.values)])
+        if pending:
+            evaluate(*[a for s in pending for a in (s.keys, s.values)])
 
     def _readable(self, start: int, end: int) -> tuple[mx.array, mx.array]:
         """The buffer a view of rows [start, end) copies from: as it was before the open page-in's
@@ -363,6 +386,7 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
 
     def free(self) -> None:
         self._materialise_all()
+        self.drop_ahead()
         self._sched.clear()
         self.keys = self.values = None
         self._geom = None

@@ -30,6 +30,7 @@ class KVSnapshot(Snapshot):
         self.keys = keys
         self.values = values
         self._geom = None                         # (owned) _geometry, once computed
+        self._ahead = None                        # (lazy) copies of the rows made ahead (kv.py, copy_ahead)
 
     @property
     def lazy(self) -> bool:
@@ -62,12 +63,15 @@ class KVSnapshot(Snapshot):
         c = self._cache
         if c is None:
             return
-        keys, values = c._readable(self.start, self.end)
-        self.keys = _copy_rows(keys, self.start, self.end)
+        if self._ahead is not None:               # copied already, with the forward before this write
+            (self.keys, self.values), self._ahead = self._ahead, None
+        else:
+            keys, values = c._readable(self.start, self.end)
+            self.keys = _copy_rows(keys, self.start, self.end)
+            self.values = _copy_rows(values, self.start, self.end)
+            if now:
+                evaluate(self.keys, self.values)
         self._geom = None
-        self.values = _copy_rows(values, self.start, self.end)
-        if now:
-            evaluate(self.keys, self.values)
         c._views.discard(self)
         self._cache = None
         if self.on_materialise is not None:
@@ -77,7 +81,7 @@ class KVSnapshot(Snapshot):
         if self._cache is not None:
             self._cache._views.discard(self)
             self._cache = None
-        self.keys = self.values = None
+        self.keys = self.values = self._ahead = None
 
 
 def _geometry(k, v):

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from impl.caches import CacheError, KVCache
 from impl.platform import cpu_only_allocator
-from tests.support.kv_rows import expect, live_rows, snap_rows, write
+from impl.caches.evaluation import evaluate
+from tests.support.kv_rows import expect, live_rows, rows, snap_rows, write
 from tests.support.kv_rows import no_leaks  # noqa: F401 (autouse: A2, no snapshot leaks)
 
 
@@ -114,6 +115,94 @@ def test_would_copy_stays_exact_through_writes_views_rewinds_and_clears(steps, n
     for s, g in views:
         np.testing.assert_array_equal(snap_rows(s)[0], expect(g, s.start, s.end)[0])
         s.release()
+
+
+@settings(max_examples=120, deadline=None)
+@given(length=st.integers(1, 12), starts=st.lists(st.integers(0, 11), max_size=4), rewind=st.integers(0, 12),
+       n=st.integers(1, 6), taken=st.booleans())
+def test_copies_made_ahead_leave_views_lazy_until_the_write_takes_them_over(length, starts, rewind, n, taken):
+    """``copy_ahead(n)`` (evaluated with a forward) copies the rows of the views the next write of n rows
+    overwrites, and changes nothing a reader sees: every view stays lazy, owns 0 bytes, its hook hears
+    nothing. The write's before_write then takes the copies over with no evaluation of its own (hooks hear
+    each size once); or, the request ending first, ``drop_ahead`` lets them go and the views stay lazy
+    (a later write copies them itself). Either way every view reads the rows it named."""
+    from impl.caches.evaluation import deferred_eval
+    from impl.caches.factory import before_write
+    from tests.support.evaluations import count_evaluations
+
+    c = KVCache(layer=0)
+    write(c, 0, length)
+    views = [c.snapshot(a) for a in starts if a < length]
+    heard = {id(s): [] for s in views}
+    for s in views:
+        s.on_materialise = heard[id(s)].append
+    assert c.restore(None, min(rewind, length))
+    p = c.offset
+    overlapping = {id(s) for s in views if s.start < p + n and s.end > p}
+    with pytest.MonkeyPatch.context() as mp:
+        evals = count_evaluations(mp)
+        with deferred_eval():                                   # the forward's evaluation
+            c.copy_ahead(n)
+        assert len(evals) == (1 if overlapping else 0)
+        assert all(s.lazy and s.size == 0 for s in views) and not any(heard.values())
+        if taken:
+            made = {id(s): s._ahead for s in views if id(s) in overlapping}
+            before_write([c], n)
+            assert all((s.keys, s.values) == made[id(s)] for s in views if id(s) in overlapping), "not taken over"
+            assert len(evals) == (1 if overlapping else 0), "the write evaluated copies made ahead again"
+            assert {id(s) for s in views if not s.lazy} == overlapping
+            assert all(heard[id(s)] == ([s.size] if id(s) in overlapping else []) for s in views)
+        else:
+            c.drop_ahead()
+            assert all(s.lazy and s._ahead is None for s in views) and not any(heard.values())
+    write(c, 9, n)
+    gens = [0] * length
+    for s in views:
+        np.testing.assert_array_equal(snap_rows(s)[0], expect(gens, s.start, s.end)[0])
+        np.testing.assert_array_equal(snap_rows(s)[1], expect(gens, s.start, s.end)[1])
+        s.release()
+
+
+def test_copies_made_ahead_with_a_forward_leave_its_write_in_place():
+    """A chunk's forward writes its rows and, in the same evaluation, copies out the view the next chunk
+    overwrites, reading the buffer it just wrote. The write still finds the buffer unshared and updates
+    it in place (peak: the copy, not a second buffer; exact on the CPU's allocator), the next chunk's
+    before_write evaluates nothing, and the view keeps its rows through that chunk's write."""
+    from impl.caches.evaluation import deferred_eval
+    from impl.caches.factory import before_write
+    from tests.support.evaluations import count_evaluations
+
+    n = 4096
+    live = KVCache(layer=0)
+    write(live, 0, n)
+    view = live.snapshot(n - 256)                         # lazy: the last 256 rows
+    assert live.restore(None, n - 512)
+    buffer = live.keys.nbytes + live.values.nbytes
+    mx.eval(live.keys, live.values)
+    mx.synchronize()
+    mx.reset_peak_memory()
+    base = mx.get_active_memory()
+    with deferred_eval():                                 # chunk [n-512, n-256), copying [n-256, n) ahead
+        k, v = rows(1, n - 512, n - 256)
+        mx.eval(k, v)
+        live.update_and_fetch(k, v)
+        live.finish_forward(256)
+        live.copy_ahead(256)
+        evaluate(live.keys, live.values)
+    peak = mx.get_peak_memory() - base
+    assert view.lazy
+    if cpu_only_allocator():
+        assert peak < sum(a.nbytes for a in view._ahead) + buffer // 2 + k.nbytes + v.nbytes, \
+            f"peak {peak} B: a whole buffer ({buffer} B) was copied"
+    with pytest.MonkeyPatch.context() as mp:
+        evals = count_evaluations(mp)
+        before_write([live], 256)
+        assert evals == [] and not view.lazy
+    write(live, 2, 256)
+    gens = [0] * (n - 512) + [1] * 256 + [2] * 256
+    np.testing.assert_array_equal(snap_rows(view)[0], expect([0] * n, n - 256, n)[0])
+    np.testing.assert_array_equal(live_rows(live)[0], expect(gens, 0, n)[0])
+    view.release()
 
 
 def page_in_peak(live: KVCache, page_in) -> tuple[int, int]:

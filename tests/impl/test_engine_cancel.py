@@ -120,3 +120,32 @@ def test_a_decode_stopped_midway_keeps_every_token_it_evaluated(name, how, model
         assert e.dump_json()["offset"] == len(fed) and [x for x in nodes(e) if x[3]][-1][1] == len(fed), e.dump()
         again = e.generate(fed + [ref.tokens[j - 1]], 1, stop_at_eos=False)
         assert again.stats.resumed == len(fed) and again.tokens == ref.tokens[j:j + 1], (j, again.stats)
+
+
+def test_a_cancel_leaves_the_views_the_next_chunk_would_overwrite_lazy(models):
+    """The views a chunk overwrites are copied with the evaluation of the forward before it
+    (Engine.copy_ahead) but stay lazy until the chunk's write: a cancel between the two leaves them lazy
+    (REFERENCE section 1: copied out only when the live cache must overwrite them), owning 0 bytes, and
+    the copies made ahead go with the request. The last conversation, resumed, gets its rows back (C1)."""
+    lm = models["smollm2"]                  # KV layers only: chunks are never cut at captures
+    rng = np.random.default_rng(3)
+    system, long_tail, short_tail = (rng.integers(1, lm.vocab_size, k).tolist() for k in (24, 48, 6))
+    e = judged(Engine(lm, chunk_size=8, capture_interval=8, near_end=0, check_rules=True))
+    e.generate(system + short_tail, 2, stop_at_eos=False)
+    e.generate(system + long_tail, 2, stop_at_eos=False)               # its nodes: views in the live buffer
+    views = {id(s): s for _, c in e.pc._kv for s in c._views}
+    counter = e.pc.counter
+    r = e.generate(system + short_tail + rng.integers(1, lm.vocab_size, 40).tolist(), 2,
+                   cancel=CancelAfter(1), stop_at_eos=False)                # one chunk past the page-in
+    assert r.cancelled and len(r.stats.chunks) == 1, r.stats
+    (p, reached), = r.stats.chunks
+    kept = [s for s in views.values() if not s.closed]
+    nxt = [s for s in kept if reached <= s.start < reached + 8]     # views only the next chunk overwrites
+    assert nxt and all(s.lazy and s.size == 0 and s._ahead is None for s in nxt), nxt
+    assert not any(c._ahead for _, c in e.pc._kv)
+    owned = [s for s in kept if not s.lazy]
+    assert all(s.start < reached and s.end > r.stats.resumed for s in owned), owned   # only rows written
+    assert e.pc.counter >= counter
+    again = e.generate(system + long_tail + [7], 1, stop_at_eos=False)
+    assert again.stats.resumed >= len(system) + len(long_tail) - 8, again.stats
+    assert_c1(lm, system + long_tail + [7], [], again)

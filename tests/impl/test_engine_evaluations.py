@@ -5,8 +5,9 @@ whatever it computes, so on a small model it is most of the bookkeeping. A reque
 conversations on a hybrid model (qwen3next: recurrent layers beside full attention) makes:
 
 - exactly one evaluation before its first forward: the page-in and the copies of the lazy views its
-  first write overwrites, together (later writes copy theirs once their cancel check passed); the
-  restored rows themselves are written by the first forward's evaluation, in place;
+  first write overwrites, together (the views a later write overwrites are copied with the evaluation
+  of the forward before it, Engine.copy_ahead, and stay lazy until that write); the restored rows
+  themselves are written by the first forward's evaluation, in place;
 - none in a decode step's bookkeeping here (no view lies past the prompt): a decode step makes one
   evaluation, its forward's own; and none at close (the page-out of the recurrent layers waits for
   the next forward, whose one evaluation takes it along, as it takes the captures its caches take).
@@ -101,7 +102,7 @@ def test_decode_asks_about_lazy_views_once_and_still_copies_those_it_overwrites(
     """The seed and the decode steps write rows [n-1, n-1+max_tokens) and make no view, so the engine
     asks once: when no lazy view lies there, no step calls before_write; when one does (a shorter
     conversation decoding over a longer one's tail), every step asks, so each step's copies of all
-    layers are one evaluation, and the longer conversation, resumed, gets its own rows back (C1
+    layers ride on one evaluation (the step before's, copy_ahead), and the longer conversation, resumed, gets its own rows back (C1
     against a cold prefill; a skipped question would not lose rows, as a KV write copies out the
     views it overwrites itself, but would evaluate the copies layer by layer)."""
     import impl.engine as engine_module
@@ -146,4 +147,40 @@ def test_a_continued_conversation_does_not_synchronise_before_its_first_forward(
     assert r.stats.resumed > first.prompt_tokens, r.stats        # on from the live caches
     assert "page-in" not in log and "close" not in log, log
     assert log.count("forward") == log.count("forward starts"), log    # one evaluation a forward
+    assert_c1(hybrid, e.tokens_of(a2), [], r)
+
+
+@pytest.mark.parametrize("ahead", [True, False], ids=["copy_ahead", "apart"])
+def test_a_prefill_over_the_last_conversations_views_copies_them_with_the_forward_before(hybrid, monkeypatch, ahead):
+    """A resumed conversation whose prefill runs on over the rows of the one before (lazy views in the
+    live buffer, a node every few tokens) copies the views each chunk overwrites out with the evaluation
+    of the forward before it (Engine.copy_ahead): every forward makes one evaluation, its own. Apart
+    (copy_ahead off), each chunk that overwrites views evaluates their copies alone first. C1 holds."""
+    e = judged(Engine(hybrid, chunk_size=8, capture_interval=8, near_end=0, check_rules=False))
+    monkeypatch.setattr(e, "copy_ahead", ahead)
+    system = {"role": "system", "content": "You answer every question in one short sentence, politely."}
+    a = [system, {"role": "user", "content": "Hi?"}]
+    b = [system, {"role": "user", "content": "Describe, in some detail, how a river carves a canyon over "
+                                             "millions of years, and what the rock layers show about it."}]
+    first = e.generate(a, max_tokens=4, stop_at_eos=False)
+    e.generate(b, max_tokens=4, stop_at_eos=False)
+    b_end = e.pc.offset
+    a2 = a + [{"role": "assistant", "content": hybrid.tokenizer.decode(first.tokens)},
+              {"role": "user", "content": "Now tell me, in as much detail, how glaciers shape a valley."}]
+    calls = []
+    real = e._copying[0].before_write.__func__
+    monkeypatch.setattr(type(e._copying[0]), "before_write",
+                        lambda c, n: (calls.append((c.offset, c.would_copy(n))), real(c, n))[1])
+    log = recorder(monkeypatch, e)
+    r = e.generate(a2, max_tokens=2, stop_at_eos=False)
+    n = r.prompt_tokens
+    assert r.stats.resumed < first.prompt_tokens + len(first.tokens) < b_end < n, (r.stats, b_end, n)
+    overwriting = {p for p, would in calls if would}
+    assert len(overwriting) >= 3, calls                 # several chunks past the page-in overwrite views
+    forwards = log.count("forward starts") + log.count("decode starts")
+    evaluations = log.count("forward") + log.count("decode")
+    if ahead:
+        assert evaluations == forwards, log
+    else:
+        assert evaluations >= forwards + len(overwriting) - 1, log    # (the first chunk's: in the page-in)
     assert_c1(hybrid, e.tokens_of(a2), [], r)
