@@ -14,6 +14,9 @@ Invariants (REFERENCE.md rule ids):
   overlap test is skipped in O(1) when the write starts at or above every view's end, which is the
   case for every ordinary append, so outstanding views cost nothing per decode step and never keep
   the buffer from being updated in place.
+- Copies made ahead (``copy_ahead``, with the evaluation of the forward before the write) leave a view
+  lazy (size 0, no hook) until that write's ``before_write`` takes them over; ``drop_ahead`` (or any
+  other write) lets copies not taken over go.
 - An intact lazy view of this cache restores with no copy at all (the rows are still in place).
 - G1: merge accepts only adjacent ranges (a.end == b.start) and raises MergeError otherwise; two lazy
   views of one cache merge by arithmetic (still lazy); anything else becomes an owned concatenation.
