@@ -36,7 +36,7 @@ def split_timers(records: list, runs: bool = False):
     """While open, every Engine.generate appends one dict to `records` (seconds and counts)."""
     import impl.caches.evaluation as ev
     import impl.engine as engine
-    from impl.caches.kv import SnapshotKVCache
+    from impl.caches.kv_views import LiveViews
     from impl.prefix_cache import PrefixCache
 
     orig_begin = PrefixCache.begin
@@ -45,8 +45,8 @@ def split_timers(records: list, runs: bool = False):
     saved = [(PrefixCache, v, getattr(PrefixCache, v)) for v in VERBS] + [
         (engine, "before_write", engine.before_write), (engine.Engine, "generate", engine.Engine.generate),
         (ev.deferred_eval, "__exit__", ev.deferred_eval.__exit__),
-        (SnapshotKVCache, "_materialise_views", SnapshotKVCache.__dict__["_materialise_views"]),
-        (SnapshotKVCache, "copy_ahead", SnapshotKVCache.copy_ahead)]
+        (LiveViews, "_materialise_views", LiveViews.__dict__["_materialise_views"]),
+        (LiveViews, "copy_ahead", LiveViews.copy_ahead)]
 
     def timed(name, fn):
         def wrapper(*a, **k):
@@ -82,14 +82,14 @@ def split_timers(records: list, runs: bool = False):
                         **{k: v for k, v in cur.items() if not k.startswith("_")}})
         return r
 
-    def copy_ahead(self, n, _orig=SnapshotKVCache.copy_ahead):
+    def copy_ahead(self, n, _orig=LiveViews.copy_ahead):
         k = len(self._ahead)
         _orig(self, n)
         made = self._ahead[k:]                    # copies evaluated with the forward, not in a block of their own
         cur["ahead_arrays"] += 2 * len(made)
         cur["ahead_bytes"] += sum(a.nbytes for s in made for a in s._ahead)
 
-    SnapshotKVCache.copy_ahead = copy_ahead
+    LiveViews.copy_ahead = copy_ahead
     for v in VERBS[1:]:
         setattr(PrefixCache, v, timed(v, getattr(PrefixCache, v)))
     PrefixCache.begin = timed("begin", begin)
@@ -97,7 +97,7 @@ def split_timers(records: list, runs: bool = False):
     engine.Engine.generate = generate
     ev.deferred_eval.__exit__ = exit_
     if runs:
-        SnapshotKVCache._materialise_views = staticmethod(_materialise_runs)
+        LiveViews._materialise_views = staticmethod(_materialise_runs)
     try:
         yield records
     finally:

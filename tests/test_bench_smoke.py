@@ -287,10 +287,10 @@ def test_pagein_split_smoke(tmp_path):
     import json
 
     from bench import pagein_split, scale
-    from impl.caches.kv import SnapshotKVCache
+    from impl.caches.kv_views import LiveViews
     from impl.prefix_cache import PrefixCache
 
-    begin, mat = PrefixCache.begin, SnapshotKVCache.__dict__["_materialise_views"]
+    begin, mat = PrefixCache.begin, LiveViews.__dict__["_materialise_views"]
     got, first = {}, {}
     for runs in (False, True):
         recs: list = []
@@ -298,7 +298,7 @@ def test_pagein_split_smoke(tmp_path):
         with pagein_split.split_timers(recs, runs=runs):
             assert scale.main(["--smoke", "--arch", "llama", "--runner", "ours", "--conversations", "2",
                                "--turns", "2", "--report", str(rep)]) == 0
-        assert PrefixCache.begin is begin and SnapshotKVCache.__dict__["_materialise_views"] is mat
+        assert PrefixCache.begin is begin and LiveViews.__dict__["_materialise_views"] is mat
         got[runs] = [r for r in recs if r["engine"] == recs[-1]["engine"]]
         first[runs] = [r["first"] for r in json.loads(next(rep.glob("*.json")).read_text())["runners"][0]["rows"]]
     base = got[False]

@@ -7,16 +7,8 @@ updates the buffer without copying as long as nothing else references it.
 Invariants (REFERENCE.md rule ids):
 - S1: a KV snapshot is exactly the position range [start, end) it names; captures scheduled at
   offsets o1 < o2 < ... yield [base, o1), [o1, o2), ... even when several fall inside one write.
-- Lazy views: a snapshot taken from the live cache holds no array, only (cache, start, end). The
-  cache keeps its outstanding views and, before any write overwrites slots [p, q) (a prefill or
-  decode after a rewind, a restore writing rows) or the buffer is freed, copies out ("materialises")
-  every view overlapping those slots and fires its ``on_materialise`` hook exactly once (A1). The
-  overlap test is skipped in O(1) when the write starts at or above every view's end, which is the
-  case for every ordinary append, so outstanding views cost nothing per decode step and never keep
-  the buffer from being updated in place.
-- Copies made ahead (``copy_ahead``, with the evaluation of the forward before the write) leave a view
-  lazy (size 0, no hook) until that write's ``before_write`` takes them over; ``drop_ahead`` (or any
-  other write) lets copies not taken over go.
+- Lazy views: a snapshot taken from the live cache holds no array, only (cache, start, end); the
+  cache copies each out before a write overwrites its rows (kv_views.py keeps them).
 - An intact lazy view of this cache restores with no copy at all (the rows are still in place).
 - G1: merge accepts only adjacent ranges (a.end == b.start) and raises MergeError otherwise; two lazy
   views of one cache merge by arithmetic (still lazy); anything else becomes an owned concatenation.
@@ -38,12 +30,13 @@ from mlx_lm.models.cache import create_attention_mask
 
 from .base import CacheError, LayerCache
 from .captures import CaptureSchedule
-from .evaluation import after_block, evaluate
+from .evaluation import evaluate
 from .kv_snapshot import KVSnapshot, _copy_rows, _geometry, merge_kv, split_kv
+from .kv_views import LiveViews
 from .masks import span_mask, spans_touching
 
 
-class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
+class SnapshotKVCache(LiveViews, LayerCache, mlx_cache.KVCache):
     """(impl.caches.KVCache) An mlx-lm KVCache for every type check; its class name is distinct so
     that mlx-lm's load_prompt_cache rebuilds this class, not mlx-lm's (persist.py)."""
 
@@ -55,15 +48,11 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         super().__init__(layer)
         self.keys: Optional[mx.array] = None
         self.values: Optional[mx.array] = None
-        self._views: set[KVSnapshot] = set()
-        self._views_max_end = 0  # upper bound of the ends of outstanding views
-        self._clear = (0, 0)     # slots [lo, hi) that no outstanding view overlaps (the last write's, copied out)
+        self._init_views()       # the outstanding lazy views (kv_views.py)
         self._geom = None        # _geometry of the buffer: kept while it only grows or shrinks (reset by state, free)
         self._sched = CaptureSchedule()
         self._since_boundary = 0
         self._reserved = 0          # the open request's announced rows (reserve); 0: none
-        self._unwritten = None      # (keys, values, lo, hi): the buffer before a page-in wrote rows [lo, hi)
-        self._ahead: list[KVSnapshot] = []   # views holding copies made ahead of the write they await (copy_ahead)
 
     # --- mlx-lm cache interface --------------------------------------------------------------
     def update_and_fetch(self, keys: mx.array, values: mx.array):
@@ -142,88 +131,6 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self.offset = prev + n
         self.keys[:, :, prev : self.offset] = keys
         self.values[:, :, prev : self.offset] = values
-
-    def before_write(self, n: int) -> None:
-        self._before_overwrite(self.offset, self.offset + n)
-
-    def would_copy(self, n: int) -> bool:
-        return bool(self._overlapping(self.offset, self.offset + n))
-
-    def _overlapping(self, p: int, q: int) -> list:
-        """The outstanding views overlapping slots [p, q): none past every view's end (an append, the
-        common case) or inside the slots the last copy-out cleared (the restored rows' writes after a
-        page-in's one pass), both in O(1)."""
-        if not self._views or p >= self._views_max_end or (self._clear[0] <= p and q <= self._clear[1]):
-            return []
-        return [s for s in self._views if s.start < q and s.end > p]
-
-    def _before_overwrite(self, p: int, q: int) -> None:
-        """Materialise every outstanding view overlapping slots [p, q); copies made ahead for another
-        write are dropped (the write they were made for has come)."""
-        views = self._overlapping(p, q)
-        if views:
-            self._materialise_views(views)
-            self._views_max_end = max((s.end for s in self._views), default=0)
-            self._clear = (p, q)
-        if self._ahead:
-            self.drop_ahead()
-
-    def copy_ahead(self, n: int) -> None:
-        """Copy out now, from the buffer this forward just wrote, the rows of every view the next write
-        of n rows at the offset will overwrite, with this forward's evaluation; that write's
-        before_write takes the copies over and evaluates nothing. Until then the views stay lazy (size
-        0, no hook): a cancel in between leaves them as they were, and the copies go (drop_ahead)."""
-        for s in self._overlapping(self.offset, self.offset + n):
-            if s._ahead is None:
-                s._ahead = (_copy_rows(self.keys, s.start, s.end), _copy_rows(self.values, s.start, s.end))
-                evaluate(*s._ahead)
-                self._ahead.append(s)
-
-    def drop_ahead(self) -> None:
-        """Let every copy made ahead and not taken over go (its views stay lazy)."""
-        for s in self._ahead:
-            s._ahead = None
-        self._ahead.clear()
-
-    def _track(self, s: KVSnapshot) -> None:
-        """A new outstanding view: cleared slots keep only their part past it (writes move forward)."""
-        self._views.add(s)
-        self._views_max_end = max(self._views_max_end, s.end)
-        lo, hi = self._clear
-        if s.start < hi and s.end > lo:
-            self._clear = (min(max(lo, s.end), hi), hi)
-
-    def _materialise_all(self) -> None:
-        self._materialise_views(list(self._views))
-        self._views_max_end = 0
-
-    @staticmethod
-    def _materialise_views(views) -> None:
-        """Copy several views out with one evaluation (before any write to the buffer they read); views
-        copied ahead need none."""
-        pending = [s for s in views if s._ahead is None]
-        for s in views:
-            s._materialise(now=False)
-        if pending:
-            evaluate(*[a for s in pending for a in (s.keys, s.values)])
-
-    def _readable(self, start: int, end: int) -> tuple[mx.array, mx.array]:
-        """The buffer a view of rows [start, end) copies from: as it was before the open page-in's
-        restores wrote into it, when the view lies outside the rows written (they are the same there,
-        and that buffer is evaluated), so the copy does not evaluate the pending write; else the
-        buffer itself. (A write evaluated with copies that still read the old buffer makes MLX copy
-        the whole buffer; left to the forward, it is done in place: tests/impl/test_caches_kv_writes.py.)"""
-        u = self._unwritten
-        if u is not None and (end <= u[2] or start >= u[3]):
-            return u[0], u[1]
-        return self.keys, self.values
-
-    def _view(self, start: int, end: int) -> Optional[KVSnapshot]:
-        if self.keys is None or end <= start:
-            return None
-        s = KVSnapshot(start, end, self.layer, cache=self)
-        self._track(s)
-        return s
 
     def _geometry(self):
         """The rows' geometry (batch, heads, dims, dtypes): growth and fit keep it, state and free reset it."""
@@ -307,20 +214,6 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
         self._write_in(first.start, k, v, target, snaps)
         return True
 
-    def _note_unwritten(self, lo: int, hi: int) -> None:
-        """Keep a handle on the buffer before a restore's first write (``astype`` to its own dtype
-        returns the same array: the write updates self.keys, not it) and the rows written since,
-        until the open deferred_eval block has evaluated its copies (at once outside a block)."""
-        u = self._unwritten
-        if u is not None:
-            self._unwritten = (u[0], u[1], min(lo, u[2]), max(hi, u[3]))
-        elif self.keys is not None:
-            self._unwritten = (self.keys.astype(self.keys.dtype), self.values.astype(self.values.dtype), lo, hi)
-            after_block(self._forget_unwritten)      # held until the open evaluation block ends
-
-    def _forget_unwritten(self) -> None:
-        self._unwritten = None
-
     def adopt(self, snap: KVSnapshot) -> bool:
         """An owned snapshot of rows the live buffer holds in place (the caller knows: it lies on the
         active path, below the offset) becomes a view of them; False (unchanged) if lazy or past it."""
@@ -399,10 +292,6 @@ class SnapshotKVCache(LayerCache, mlx_cache.KVCache):
 
     def finish_forward(self, n_tokens: int) -> None:
         self._absorbed(n_tokens)
-
-    @property
-    def outstanding_views(self) -> int:
-        return len(self._views)
 
     @classmethod
     def from_state(cls, state):
