@@ -102,9 +102,10 @@ def test_decode_asks_about_lazy_views_once_and_still_copies_those_it_overwrites(
     """The seed and the decode steps write rows [n-1, n-1+max_tokens) and make no view, so the engine
     asks once: when no lazy view lies there, no step calls before_write; when one does (a shorter
     conversation decoding over a longer one's tail), every step asks, so each step's copies of all
-    layers ride on one evaluation (the step before's, copy_ahead), and the longer conversation, resumed, gets its own rows back (C1
-    against a cold prefill; a skipped question would not lose rows, as a KV write copies out the
-    views it overwrites itself, but would evaluate the copies layer by layer)."""
+    layers ride on one evaluation (the step before's, copy_ahead), and the longer conversation,
+    resumed, gets its own rows back (C1 against a cold prefill; a skipped question would not lose
+    rows, as a KV write copies out the views it overwrites itself, but would evaluate the copies
+    layer by layer)."""
     import impl.engine as engine_module
 
     calls = []
@@ -167,10 +168,11 @@ def test_a_prefill_over_the_last_conversations_views_copies_them_with_the_forwar
     b_end = e.pc.offset
     a2 = a + [{"role": "assistant", "content": hybrid.tokenizer.decode(first.tokens)},
               {"role": "user", "content": "Now tell me, in as much detail, how glaciers shape a valley."}]
+    from impl.caches.kv import KVCache
+
     calls = []
-    real = e._copying[0].before_write.__func__
-    monkeypatch.setattr(type(e._copying[0]), "before_write",
-                        lambda c, n: (calls.append((c.offset, c.would_copy(n))), real(c, n))[1])
+    real = KVCache.before_write
+    monkeypatch.setattr(KVCache, "before_write", lambda c, n: (calls.append((c.offset, c.would_copy(n))), real(c, n))[1])
     log = recorder(monkeypatch, e)
     r = e.generate(a2, max_tokens=2, stop_at_eos=False)
     n = r.prompt_tokens
