@@ -2,7 +2,7 @@
 
   python -m bench.pagein_split [--apart] [--runs-experiment] [--json FILE] -- BENCH.SCALE ARGS
       bench.scale's run with timers around the prefix cache's verbs (begin, close, prefilled, evaluated,
-      next_chunk), the engine's before_write (the copies of the views a write overwrites: built for the
+      chunk_at), the engine's before_write (the copies of the views a write overwrites: built for the
       first chunk, taken over for later ones), the page-in's one evaluation (with the count and bytes of
       the arrays it evaluates) and the copies made ahead with forwards' evaluations (count and bytes).
       A table a request of ours' last engine (bench.scale warms up on another), and the sums; --json
@@ -28,7 +28,7 @@ from contextlib import contextmanager
 
 import mlx.core as mx
 
-VERBS = ("begin", "close", "prefilled", "evaluated", "next_chunk")
+VERBS = ("begin", "close", "prefilled", "evaluated", "chunk_at")     # chunk_at: every next_chunk, and the engine's look ahead
 
 
 @contextmanager
@@ -132,7 +132,7 @@ def _materialise_runs(views) -> None:
 
 
 COLUMNS = ("resumed", "new_tokens", "bookkeeping_s", "pagein_eval", "pagein_arrays", "pagein_bytes", "begin",
-           "before_write", "ahead_arrays", "ahead_bytes", "prefilled", "close", "evaluated", "next_chunk", "forward_s")
+           "before_write", "ahead_arrays", "ahead_bytes", "prefilled", "close", "evaluated", "chunk_at", "forward_s")
 
 
 def _cell(k: str, v: float) -> str:
@@ -186,10 +186,13 @@ def main(argv=None) -> int:
     from bench import scale
     from impl.engine import Engine
 
-    Engine.copy_ahead = not a.apart
     records: list = []
-    with split_timers(records, runs=a.runs_experiment):
-        rc = scale.main(scale_args)
+    Engine.copy_ahead = not a.apart
+    try:
+        with split_timers(records, runs=a.runs_experiment):
+            rc = scale.main(scale_args)
+    finally:
+        Engine.copy_ahead = True
     if a.json:
         with open(a.json, "w") as f:
             json.dump(records, f, indent=1)

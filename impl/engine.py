@@ -272,7 +272,7 @@ class Engine:
                 self._forward(tokens[p:q], p, media, spans, logits=False, ahead=ahead)
                 fwd += time.perf_counter() - f0
                 self.pc.evaluated(keys[p:q])
-                chunk = self.pc.next_chunk(self.chunk_size)
+                chunk = after                                      # (next_chunk's answer at offset q)
                 cancelled = chunk is not None and cancel()
             if not cancelled:
                 self.pc.prefilled()

@@ -30,7 +30,7 @@ class KVSnapshot(Snapshot):
         self.keys = keys
         self.values = values
         self._geom = None                         # (owned) _geometry, once computed
-        self._ahead = None                        # (lazy) copies of the rows made ahead (kv.py, copy_ahead)
+        self._ahead = None                        # (lazy) copies of the rows made ahead (kv_views.py, copy_ahead)
 
     @property
     def lazy(self) -> bool:
