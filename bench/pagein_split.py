@@ -4,7 +4,9 @@
       bench.scale's run with timers around the prefix cache's verbs (begin, close, prefilled, evaluated,
       chunk_at), the engine's before_write (the copies of the views a write overwrites: built for the
       first chunk, taken over for later ones), the page-in's one evaluation (with the count and bytes of
-      the arrays it evaluates) and the copies made ahead with forwards' evaluations (count and bytes).
+      the arrays it evaluates, and how many of those bytes MLX's allocator took from its pool of freed
+      buffers or newly from the system) and the copies made ahead with forwards' evaluations (count and
+      bytes).
       A table a request of ours' last engine (bench.scale warms up on another), and the sums; --json
       writes every request's record. --apart: each write's copies of the views it overwrites get an
       evaluation of their own (Engine.copy_ahead off), as before copy_ahead: the A/B of that design.
@@ -66,6 +68,7 @@ def split_timers(records: list, runs: bool = False):
             return _orig(self, *exc)
         cur["_page_in"] = 2
         arrays = list(ev._pending or ())
+        active, pool = mx.get_active_memory(), mx.get_cache_memory()
         t0 = time.perf_counter()
         try:
             return _orig(self, *exc)
@@ -73,6 +76,9 @@ def split_timers(records: list, runs: bool = False):
             cur["pagein_eval"] += time.perf_counter() - t0
             cur["pagein_arrays"] += len(arrays)
             cur["pagein_bytes"] += sum(x.nbytes for x in arrays)
+            grown, pooled = mx.get_active_memory() - active, max(0, pool - mx.get_cache_memory())
+            cur["pagein_pool_bytes"] += pooled                  # served from MLX's pool of freed buffers
+            cur["pagein_fresh_bytes"] += max(0, grown - pooled)   # newly allocated (CUDA: cudaMallocManaged)
 
     def generate(self, *a, _orig=engine.Engine.generate, **k):
         cur.clear()
@@ -131,7 +137,8 @@ def _materialise_runs(views) -> None:
         evaluate(*out)
 
 
-COLUMNS = ("resumed", "new_tokens", "bookkeeping_s", "pagein_eval", "pagein_arrays", "pagein_bytes", "begin",
+COLUMNS = ("resumed", "new_tokens", "bookkeeping_s", "pagein_eval", "pagein_arrays", "pagein_bytes",
+           "pagein_pool_bytes", "pagein_fresh_bytes", "begin",
            "before_write", "ahead_arrays", "ahead_bytes", "prefilled", "close", "evaluated", "chunk_at", "forward_s")
 
 

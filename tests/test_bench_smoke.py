@@ -282,7 +282,7 @@ def test_reruns_keep_earlier_runs_flat_under_dated_headings():
 def test_pagein_split_smoke(tmp_path):
     """python -m bench.pagein_split: a request's bookkeeping split (docs/benchmarks.md). A cold request
     copies nothing out; each resume copies out whole layers' K and V views (4 layers: a multiple of 8
-    arrays). The runs experiment copies fewer arrays and restores the same first tokens. The timers
+    arrays), whose bytes the allocator serves from its pool or anew. The runs experiment copies fewer arrays and restores the same first tokens. The timers
     are removed when the block ends."""
     import json
 
@@ -306,6 +306,9 @@ def test_pagein_split_smoke(tmp_path):
     for r in base:
         assert r["bookkeeping_s"] > 0 and r["begin"] > 0 and r["close"] > 0
         assert (r["pagein_arrays"] > 0) == (r["resumed"] > 0) and r["pagein_arrays"] % 8 == 0
+        # every byte the page-in copied was allocated, from the pool or new (rounded up, never less)
+        assert r.get("pagein_pool_bytes", 0) + r.get("pagein_fresh_bytes", 0) >= r.get("pagein_bytes", 0)
+    assert any(r.get("pagein_pool_bytes", 0) + r.get("pagein_fresh_bytes", 0) > 0 for r in base)
     assert [r["resumed"] for r in got[True]] == [r["resumed"] for r in base] and first[True] == first[False]
     assert all(x["pagein_arrays"] <= r["pagein_arrays"] for x, r in zip(got[True], base))
     assert sum(x["pagein_arrays"] for x in got[True]) < sum(r["pagein_arrays"] for r in base)
