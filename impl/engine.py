@@ -251,7 +251,7 @@ class Engine:
         keys, spans = keys_of(tokens, media), noncausal_spans(media)
         cancel = cancel or (lambda: False)
         book0, copies0 = self.pc.bookkeeping_s, self.copies_s
-        self._reserve(len(tokens) - 1 + max_tokens)         # the rows this request writes, if it runs to the end
+        self._reserve(len(tokens) - 1 + max_tokens, len(tokens))    # the rows it writes if it runs to the end; its prompt's
         produced, first_logits, cancelled, ttft, fwd, opened, decoded = [], None, False, 0.0, 0.0, False, []
         try:
             w0 = time.perf_counter()
@@ -325,12 +325,13 @@ class Engine:
                 "another thread cannot use or free those arrays safely. Make every call from one thread "
                 "(serve/runner.py hands them to its main thread).")
 
-    def _reserve(self, rows: int) -> None:
-        """Each layer cache's reserve hint (caches/base.py): a KV buffer's last growth stops at the
-        request's rows, so close has little or no growth slack to copy away (kv.py fit)."""
+    def _reserve(self, rows: int, certain: int) -> None:
+        """Each layer cache's reserve hint (caches/base.py): a KV buffer grows once to the prompt's rows
+        (the prefill's chunks then write in place) and its last growth stops at the request's rows, so
+        close has little or no growth slack to copy away (kv.py fit)."""
         for c in self.caches:
             if c is not None:
-                c.reserve(rows)
+                c.reserve(rows, certain)
 
     @property
     def eos(self) -> int | None:

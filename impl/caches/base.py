@@ -240,9 +240,10 @@ class LayerCache:
     def drop_ahead(self) -> None:
         """Let the copies made ahead go, unused (a request ending before the write they awaited)."""
 
-    def reserve(self, rows: int) -> None:
-        """A hint for the open request: it writes up to `rows` rows in all; a growing buffer may size
-        its last growth to it (kinds of bounded size ignore it). Changes no state a reader sees."""
+    def reserve(self, rows: int, certain: int = 0) -> None:
+        """A hint for the open request: it writes up to `rows` rows in all, `certain` of them unless
+        cancelled; a growing buffer may grow to `certain` at once and size its last growth to `rows`
+        (kinds of bounded size ignore it). Changes no state a reader sees."""
 
     # --- shared argument checks --------------------------------------------------------------
     def _absorbed(self, n_tokens: int) -> None:

@@ -229,9 +229,9 @@ class KVListCache(_ListMixin, LayerCache, mlx_cache.CacheList):
             c.finish_forward(n_tokens)
         self.offset += n_tokens
 
-    def reserve(self, rows: int) -> None:
+    def reserve(self, rows: int, certain: int = 0) -> None:
         for c in self.caches:
-            c.reserve(rows)
+            c.reserve(rows, certain)
 
     def fit(self) -> int:
         """Each KV part's fit (kv.py): growth slack at rest bounded."""

@@ -15,8 +15,9 @@ Invariants (REFERENCE.md rule ids):
   merge and split never fire their inputs' hooks: the inputs are closed and the result reports its
   own size.
 - Owned size = rows x (bytes per row of K + bytes per row of V); a lazy view owns 0.
-- Growth: the buffer grows in ``step`` rows as mlx-lm's does, except that the growth reaching a
-  request's reserved rows (``reserve``) stops there; at rest (``fit``) it holds the rows in use plus
+- Growth: the first growth of a request covers its prompt's rows at once (``reserve``), so its later
+  chunks write in place; past them the buffer grows in ``step`` rows as mlx-lm's does, and the growth
+  reaching the request's reserved rows stops there; at rest (``fit``) it holds the rows in use plus
   at most 1/``rest_slack`` of them as slack (dropping fewer rows is not worth a copy of all of them).
 """
 
@@ -53,6 +54,7 @@ class SnapshotKVCache(LiveViews, LayerCache, mlx_cache.KVCache):
         self._sched = CaptureSchedule()
         self._since_boundary = 0
         self._reserved = 0          # the open request's announced rows (reserve); 0: none
+        self._certain = 0           # of those, the rows its prompt writes unless cancelled (reserve)
 
     # --- mlx-lm cache interface --------------------------------------------------------------
     def update_and_fetch(self, keys: mx.array, values: mx.array):
@@ -116,8 +118,8 @@ class SnapshotKVCache(LiveViews, LayerCache, mlx_cache.KVCache):
             B, H, _, Dk = keys.shape
             Dv = values.shape[3]
             grow = (self.step + n - 1) // self.step * self.step
-            if self._reserved >= prev + n:                  # the request's last growth: exact (reserve)
-                grow = min(grow, self._reserved - prev)
+            if self._reserved >= prev + n:                  # within the request's rows (reserve): at once to
+                grow = min(max(grow, self._certain - prev), self._reserved - prev)  # its prompt's end, exact at the last
             new_k = mx.zeros((B, H, grow, Dk), keys.dtype)
             new_v = mx.zeros((B, values.shape[1], grow, Dv), values.dtype)
             if self.keys is not None:
@@ -242,7 +244,7 @@ class SnapshotKVCache(LiveViews, LayerCache, mlx_cache.KVCache):
         grow by another copy); past that, copy exactly the needed rows, so held bytes at rest stay
         within 1 + 1/rest_slack of rows x row bytes. Returns the bytes released. Ends the reservation.
         A request that wrote all the rows it reserved left no slack: nothing to copy."""
-        self._reserved = 0
+        self._reserved = self._certain = 0
         if self.keys is None:
             return 0
         need = max([self.offset] + [s.end for s in self._views])
@@ -257,11 +259,15 @@ class SnapshotKVCache(LiveViews, LayerCache, mlx_cache.KVCache):
         self._views_max_end = max((s.end for s in self._views), default=0)
         return before - self.nbytes
 
-    def reserve(self, rows: int) -> None:
-        """The open request writes up to `rows` rows: growth stays in ``step`` rows (never more than
-        mlx-lm's algorithm allocates), but the growth that reaches `rows` stops there, so a request
-        that writes all it announced ends with no slack for ``fit`` to copy away."""
+    def reserve(self, rows: int, certain: int = 0) -> None:
+        """The open request writes up to `rows` rows, `certain` of them unless cancelled (its prompt's):
+        the first write that must grow the buffer grows it to `certain` rows at once, so the prefill's
+        later chunks write in place instead of each copying every row held into a larger buffer (as
+        mlx-lm's 256-row steps do); past them growth goes in ``step`` rows, and the growth that reaches
+        `rows` stops there, so a request that writes all it announced ends with no slack for ``fit``
+        to copy away (a cancelled one leaves slack, which ``fit`` bounds at rest)."""
         self._reserved = rows
+        self._certain = min(certain, rows)
 
     def merge_snapshots(self, a: Optional[KVSnapshot], b: Optional[KVSnapshot]) -> Optional[KVSnapshot]:
         for s in (a, b):
@@ -288,7 +294,7 @@ class SnapshotKVCache(LiveViews, LayerCache, mlx_cache.KVCache):
         self._geom = None
         self.offset = 0
         self._since_boundary = 0
-        self._reserved = 0
+        self._reserved = self._certain = 0
 
     def finish_forward(self, n_tokens: int) -> None:
         self._absorbed(n_tokens)

@@ -141,6 +141,30 @@ def test_a_request_that_stops_a_row_short_keeps_that_slack_instead_of_copying(at
     assert exact(e)
 
 
+def test_a_prefill_of_several_chunks_grows_the_buffer_once(attention, monkeypatch):
+    """The prompt's rows are allocated at the request's first growth (reserve's certain rows): the
+    prefill's later chunks write in place instead of each copying every row held into a buffer one
+    chunk larger. Cold, and resumed with a long new message; the decode's last growth stops exactly at
+    the reservation."""
+    from impl.caches import kv
+
+    seen = []
+    orig = kv.SnapshotKVCache.update_and_fetch
+    monkeypatch.setattr(kv.SnapshotKVCache, "update_and_fetch",
+                        lambda self, k, v: (out := orig(self, k, v), seen.append(self.keys.shape[2]))[0])
+    e = Engine(attention, check_rules=True, chunk_size=64, capture_interval=0)
+    prompt = SYSTEM + [5 + i % 500 for i in range(400)]
+    for turn in range(2):
+        seen.clear()
+        r = e.generate(prompt, max_tokens=3, stop_at_eos=False)
+        prefill = seen[:-2 * len(kv_caches(e))]              # the chunks' writes and the seed's, not the decode's
+        assert r.stats.total - r.stats.resumed > 4 * 64      # several chunks prefilled
+        assert set(prefill) == {len(prompt)}, (turn, sorted(set(prefill)))
+        assert all(c.keys.shape[2] == len(prompt) + 2 == c.offset for c in kv_caches(e))
+        prompt = prompt + r.tokens + [7 + i % 300 for i in range(300)]
+    assert exact(e)
+
+
 def test_a_reservation_never_grows_a_buffer_past_the_step_rule(attention):
     """A reservation beyond the next step grows in steps as mlx-lm does (no up-front allocation for a
     large max_tokens); the growth that reaches it stops there; close ends the reservation."""
