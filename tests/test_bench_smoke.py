@@ -282,8 +282,8 @@ def test_reruns_keep_earlier_runs_flat_under_dated_headings():
 def test_pagein_split_smoke(tmp_path):
     """python -m bench.pagein_split: a request's bookkeeping split (docs/benchmarks.md). A cold request
     copies nothing out; each resume copies out whole layers' K and V views (4 layers: a multiple of 8
-    arrays), whose bytes the allocator serves from its pool or anew. The runs experiment copies fewer arrays and restores the same first tokens. The timers
-    are removed when the block ends."""
+    arrays), whose bytes the allocator serves from its pool or anew. The runs experiment copies fewer
+    arrays and restores the same first tokens. The timers are removed when the block ends."""
     import json
 
     from bench import pagein_split, scale

@@ -118,8 +118,8 @@ class SnapshotKVCache(LiveViews, LayerCache, mlx_cache.KVCache):
             B, H, _, Dk = keys.shape
             Dv = values.shape[3]
             grow = (self.step + n - 1) // self.step * self.step
-            if self._reserved >= prev + n:                  # within the request's rows (reserve): at once to
-                grow = min(max(grow, self._certain - prev), self._reserved - prev)  # its prompt's end, exact at the last
+            if self._reserved >= prev + n:      # within the request's rows (reserve): to its prompt's end
+                grow = min(max(grow, self._certain - prev), self._reserved - prev)   # at once; the last exact
             new_k = mx.zeros((B, H, grow, Dk), keys.dtype)
             new_v = mx.zeros((B, values.shape[1], grow, Dv), values.dtype)
             if self.keys is not None:

@@ -148,10 +148,15 @@ def test_a_prefill_of_several_chunks_grows_the_buffer_once(attention, monkeypatc
     the reservation."""
     from impl.caches import kv
 
-    seen = []
+    seen = []                                                # the buffer's capacity after each write
     orig = kv.SnapshotKVCache.update_and_fetch
-    monkeypatch.setattr(kv.SnapshotKVCache, "update_and_fetch",
-                        lambda self, k, v: (out := orig(self, k, v), seen.append(self.keys.shape[2]))[0])
+
+    def update_and_fetch(self, keys, values):
+        out = orig(self, keys, values)
+        seen.append(self.keys.shape[2])
+        return out
+
+    monkeypatch.setattr(kv.SnapshotKVCache, "update_and_fetch", update_and_fetch)
     e = Engine(attention, check_rules=True, chunk_size=64, capture_interval=0)
     prompt = SYSTEM + [5 + i % 500 for i in range(400)]
     for turn in range(2):
