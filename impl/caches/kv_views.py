@@ -124,7 +124,6 @@ class LiveViews:
         self._track(s)
         return s
 
-
     def _note_unwritten(self, lo: int, hi: int) -> None:
         """Keep a handle on the buffer before a restore's first write (``astype`` to its own dtype
         returns the same array: the write updates self.keys, not it) and the rows written since,
