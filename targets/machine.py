@@ -350,22 +350,37 @@ def replay_checked(target, ops: list) -> list:
     return replay(target, ops)
 
 
-def minimize(target, ops: list, rule: str) -> list:
-    """Greedy reduction after Hypothesis's shrink: drop whole requests, then
-    single operations, while the program stays well formed and still breaks `rule`."""
-    best = list(ops)
-    changed = True
+def removals(ops: list):
+    """The ranges [a, b) a greedy reduction tries to drop from `ops`, in order: each whole request
+    (begin to close), then runs of consecutive operations after the first (the reset), of halving
+    lengths down to 3, 2 and 1. Single operations alone get stuck where only several go together (two
+    decode steps whose keys the trie's shape needs in pairs)."""
+    for s in (i for i, o in enumerate(ops) if o["op"] == "begin"):
+        e = next((j for j in range(s, len(ops)) if ops[j]["op"] == "close"), len(ops) - 1)
+        yield s, e + 1
+    lengths, k = {3, 2, 1}, (len(ops) - 1) // 2
+    while k > 3:
+        lengths.add(k)
+        k //= 2
+    for k in sorted(lengths, reverse=True):
+        for a in range(len(ops) - k, 0, -1):
+            yield a, a + k
+
+
+def reduce(ops: list, keeps) -> list:
+    """Drop ranges (``removals``) while ``keeps(program)`` holds, until none can go."""
+    best, changed = list(ops), True
     while changed:
         changed = False
-        starts = [i for i, o in enumerate(best) if o["op"] == "begin"]
-        blocks = []
-        for s in starts:
-            e = next((j for j in range(s, len(best)) if best[j]["op"] == "close"), len(best) - 1)
-            blocks.append((s, e + 1))
-        blocks += [(i, i + 1) for i in range(len(best) - 1, 0, -1)]
-        for a, b in blocks:
+        for a, b in removals(best):
             cand = best[:a] + best[b:]
-            if reproduces(target, cand, rule):
+            if keeps(cand):
                 best, changed = cand, True
                 break
     return best
+
+
+def minimize(target, ops: list, rule: str) -> list:
+    """Greedy reduction after Hypothesis's shrink (``reduce``): the program stays well formed and
+    still breaks `rule`."""
+    return reduce(ops, lambda cand: reproduces(target, cand, rule))

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
 from hypothesis.stateful import precondition, rule, run_state_machine_as_test
 
-from targets.machine import Hunt, TargetMachine, minimize, replay_checked, well_formed
+from targets.machine import Hunt, TargetMachine, minimize, reduce, replay_checked, well_formed
 from targets.sglang.crash import SglangCrash, guard
 from targets.report import Campaign, Finding
 
@@ -99,20 +99,13 @@ def crash_of(target, ops: list):
 
 
 def minimize_crash(target, ops: list) -> list:
-    """targets.machine.minimize for a crash: drop whole requests, then single operations, while the
-    program still raises the same exception type in the same SGLang function."""
+    """targets.machine.reduce for a crash: drop requests and runs of operations while the program
+    still raises the same exception type in the same SGLang function."""
     first = crash_of(target, ops)
     if first is None:
         return list(ops)
-    best, changed = list(ops), True
-    while changed:
-        changed = False
-        starts = [i for i, o in enumerate(best) if o["op"] == "begin"]
-        blocks = [(s, next((j for j in range(s, len(best)) if best[j]["op"] == "close"), len(best) - 1) + 1)
-                  for s in starts] + [(i, i + 1) for i in range(len(best) - 1, 0, -1)]
-        for a, b in blocks:
-            c = crash_of(target, best[:a] + best[b:])
-            if c is not None and c.signature == first.signature:
-                best, changed = best[:a] + best[b:], True
-                break
-    return best
+
+    def same(cand):
+        c = crash_of(target, cand)
+        return c is not None and c.signature == first.signature
+    return reduce(ops, same)
