@@ -15,6 +15,8 @@ Invariants kept here:
   - The lazy views a chunk (or decode step) will overwrite are copied out with
     the evaluation of the forward before it (copy_ahead), not in one of their
     own; they stay lazy until that write, so a cancel between leaves them so.
+    Where rows are copied on the host (the CPU device: caches/host_rows.py) a
+    copy needs no evaluation, and each is made right before its write.
   - Media features enter through the model's embedding layer and
     non-causal spans through the caches' masks, for this forward only.
   - One thread runs the requests: the first generate() binds the engine to its
@@ -33,6 +35,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from impl.caches import host_rows
 from impl.caches.evaluation import deferred_eval, evaluate
 from impl.caches.factory import before_write, copying, forward
 from impl.media import BadRequest, keys_of, noncausal_spans, validate_media
@@ -105,7 +108,8 @@ class Result:
 
 
 class Engine:
-    copy_ahead = True       # False: each write's copies get an evaluation of their own (bench.pagein_split --apart)
+    copy_ahead = None       # False: each write's copies are made before it (bench.pagein_split --apart); None:
+                            # where MLX's stream copies (a GPU), not where rows are copied on the host (host_rows.py)
 
     def __init__(self, loaded, budget_bytes: int = 1 << 62, *, chunk_size: int = 64, capture_interval: int = 256,
                  near_end: int = 4, check_rules: bool = False):
@@ -122,6 +126,8 @@ class Engine:
                               check=check_rules)
         self.thread: int | None = None       # the thread of the first request (see the header)
         self.copies_s = 0.0                  # time in before_write: cache bookkeeping, not the model's forward
+        if self.copy_ahead is None:          # a host copy needs no evaluation to share: made at the write
+            self.copy_ahead = not host_rows.enabled()
         self.embedding = _install_media_embedding(self.model)
         w = self.embedding.inner.weight
         bits = getattr(self.embedding.inner, "bits", None)       # a quantised embedding packs its rows

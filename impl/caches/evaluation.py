@@ -15,6 +15,8 @@ of 0.9 on the CPU; docs/caches.md.) Every evaluation is a synchronisation with t
 costs tens of microseconds after a forward, whatever it computes, so a page-in has at most one, and
 so has a forward: the Engine runs each in a block, and the captures its caches take in
 ``finish_forward`` (and a recurrent page-out left pending since the last close) are evaluated with it.
+Where the default device is the CPU, KV rows are copied on the host instead (host_rows.py): those
+copies leave nothing to evaluate, and a page-in that only copies KV rows makes no evaluation at all.
 """
 from __future__ import annotations
 

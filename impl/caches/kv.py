@@ -32,7 +32,7 @@ from mlx_lm.models.cache import create_attention_mask
 from .base import CacheError, LayerCache
 from .captures import CaptureSchedule
 from .evaluation import evaluate
-from .kv_snapshot import KVSnapshot, _copy_rows, _geometry, merge_kv, split_kv
+from .kv_snapshot import KVSnapshot, _copy_pair, _geometry, merge_kv, split_kv
 from .kv_views import LiveViews
 from .masks import span_mask, spans_touching
 
@@ -254,8 +254,9 @@ class SnapshotKVCache(LiveViews, LayerCache, mlx_cache.KVCache):
         if need == 0:
             self.keys = self.values = self._geom = None
         else:
-            self.keys, self.values = _copy_rows(self.keys, 0, need), _copy_rows(self.values, 0, need)
-            evaluate(self.keys, self.values)
+            self.keys, self.values, pending = _copy_pair(self.keys, self.values, 0, need)
+            if pending:
+                evaluate(self.keys, self.values)
         self._views_max_end = max((s.end for s in self._views), default=0)
         return before - self.nbytes
 

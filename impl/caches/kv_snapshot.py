@@ -12,6 +12,7 @@ from typing import Optional
 
 import mlx.core as mx
 
+from . import host_rows
 from .base import LayerCache, MergeError, Snapshot
 from .evaluation import evaluate
 
@@ -19,6 +20,16 @@ from .evaluation import evaluate
 def _copy_rows(x: mx.array, a: int, b: int) -> mx.array:
     """An owned copy of rows [a, b) along the sequence axis (never a view of x)."""
     return mx.contiguous(x[:, :, a:b])
+
+
+def _copy_pair(keys: mx.array, values: mx.array, a: int, b: int) -> tuple:
+    """(k, v, pending): owned copies of rows [a, b) of both, made on the host where host_rows.py
+    applies to both (pending False: nothing to evaluate), else with MLX's stream (pending True)."""
+    k = host_rows.copy_rows(keys, a, b)
+    v = None if k is None else host_rows.copy_rows(values, a, b)
+    if v is not None:
+        return k, v, False
+    return _copy_rows(keys, a, b), _copy_rows(values, a, b), True
 
 
 class KVSnapshot(Snapshot):
@@ -56,26 +67,28 @@ class KVSnapshot(Snapshot):
             self._geom = _geometry(self.keys, self.values)
         return self._geom
 
-    def _materialise(self, now: bool = True) -> None:
+    def _materialise(self, now: bool = True) -> tuple:
         """Copy the range out of the issuer's buffer; the hook hears +size (it stays installed: a restore
         that makes this a view again reports -size through it, KVCache._adopt). ``now=False``: the caller
-        evaluates the copies (one evaluation for several views) before the buffer is written."""
-        c = self._cache
+        evaluates the copies returned (one evaluation for several views) before the buffer is written;
+        copies made ahead or on the host (host_rows.py) need none, and none are returned."""
+        c, todo = self._cache, ()
         if c is None:
-            return
+            return todo
         if self._ahead is not None:               # copied already, with the forward before this write
             (self.keys, self.values), self._ahead = self._ahead, None
         else:
-            keys, values = c._readable(self.start, self.end)
-            self.keys = _copy_rows(keys, self.start, self.end)
-            self.values = _copy_rows(values, self.start, self.end)
-            if now:
-                evaluate(self.keys, self.values)
+            self.keys, self.values, pending = _copy_pair(*c._readable(self.start, self.end), self.start, self.end)
+            if pending:
+                todo = (self.keys, self.values)
+                if now:
+                    evaluate(*todo)
         self._geom = None
         c._views.discard(self)
         self._cache = None
         if self.on_materialise is not None:
             self.on_materialise(self.size)
+        return todo
 
     def _release(self) -> None:
         if self._cache is not None:

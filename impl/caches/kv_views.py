@@ -8,8 +8,8 @@ Invariants (REFERENCE.md rule ids):
   view's end, which is the case for every ordinary append, so outstanding views cost nothing per
   decode step and never keep the buffer from being updated in place.
 - ``before_write(n)`` copies out what the next write of n rows overwrites ahead of the model's
-  forward (all layers in one evaluation: factory.py); ``would_copy(n)`` says exactly whether it has
-  anything to copy.
+  forward (all layers in one evaluation: factory.py; none where the rows are copied on the host,
+  host_rows.py); ``would_copy(n)`` says exactly whether it has anything to copy.
 - Copies made ahead (``copy_ahead``, with the evaluation of the forward before the write) leave a view
   lazy (size 0, no hook) until that write takes them over; ``drop_ahead`` (or any other write) lets
   copies not taken over go.
@@ -99,12 +99,10 @@ class LiveViews:
     @staticmethod
     def _materialise_views(views) -> None:
         """Copy several views out with one evaluation (before any write to the buffer they read); views
-        copied ahead need none."""
-        pending = [s for s in views if s._ahead is None]
-        for s in views:
-            s._materialise(now=False)
+        copied ahead or on the host (host_rows.py) need none."""
+        pending = [a for s in views for a in s._materialise(now=False)]
         if pending:
-            evaluate(*[a for s in pending for a in (s.keys, s.values)])
+            evaluate(*pending)
 
     def _readable(self, start: int, end: int) -> tuple[mx.array, mx.array]:
         """The buffer a view of rows [start, end) copies from: as it was before the open page-in's

@@ -15,17 +15,21 @@ from hypothesis import strategies as st
 from impl.caches import CacheError, KVCache
 from impl.platform import cpu_only_allocator
 from impl.caches.evaluation import evaluate
+from tests.support.evaluations import COPIES, copies_made
 from tests.support.kv_rows import expect, live_rows, rows, snap_rows, write
 from tests.support.kv_rows import no_leaks  # noqa: F401 (autouse: A2, no snapshot leaks)
 
 
-def test_before_write_copies_every_layers_overwritten_views_in_one_evaluation(monkeypatch):
+@pytest.mark.parametrize("copies", COPIES)
+def test_before_write_copies_every_layers_overwritten_views_in_one_evaluation(monkeypatch, copies):
     """A forward that overwrites lazy views on every layer copies them out before the model runs, all
     layers in one MLX evaluation (factory.before_write): a layer's own write would evaluate its copies
-    alone, one evaluation per layer mid-forward. Hooks, rows and what the write leaves are unchanged."""
+    alone, one evaluation per layer mid-forward. Copied on the host (the CPU device's way), there is
+    nothing to evaluate. Hooks, rows and what the write leaves are unchanged."""
     from impl.caches.factory import before_write
     from tests.support.evaluations import count_evaluations
 
+    copies_made(monkeypatch, copies)
     caches = [KVCache(layer=i) for i in range(3)]
     for c in caches:
         write(c, 0, 8)
@@ -37,13 +41,14 @@ def test_before_write_copies_every_layers_overwritten_views_in_one_evaluation(mo
         assert c.restore(None, 4)                       # a rewind: the next write overwrites [4, 6)
     evals = count_evaluations(monkeypatch)
     before_write(caches, 2)
-    assert len(evals) == 1 and evals[0] == 6, f"one evaluation of 3 layers x (K, V) expected, got {evals}"
+    expected = [6] if copies == "stream" else []
+    assert evals == expected, f"{copies}: evaluations of 3 layers x (K, V) {expected} expected, got {evals}"
     assert all(not s.lazy for s in views)
     for i, s in enumerate(views):
         assert heard[i] == [s.size] and s.size > 0
     for c in caches:
         write(c, 1, 2)                                   # the model's write: nothing left to copy
-    assert len(evals) == 1
+    assert evals == expected
     gens = [0] * 8
     for s in views:
         k, v = snap_rows(s)
@@ -71,6 +76,7 @@ def test_would_copy_says_exactly_whether_before_write_has_a_view_to_copy(length,
     overlapping = {id(s) for s in views if s.start < p + n and s.end > p}
     assert c.would_copy(n) == bool(overlapping)
     with pytest.MonkeyPatch.context() as mp:
+        copies_made(mp, "stream")                        # (on the host, before_write never evaluates)
         evals = count_evaluations(mp)
         before_write([None, c], n)
     assert len(evals) == (1 if overlapping else 0)
@@ -221,13 +227,15 @@ def page_in_peak(live: KVCache, page_in) -> tuple[int, int]:
     return mx.get_peak_memory() - base, buffer
 
 
-def test_a_page_in_that_copies_views_out_writes_the_live_buffer_in_place():
+@pytest.mark.parametrize("copies", COPIES)
+def test_a_page_in_that_copies_views_out_writes_the_live_buffer_in_place(monkeypatch, copies):
     """Inside one deferred evaluation, a restore that overwrites lazy views copies them out and writes
     the snapshot's rows in. The block evaluates the copies; the write is left to the next evaluation
     of the buffer (the forward's), so it finds the buffer unshared and updates it in place: the
     page-in's peak is the views' copies, not a second whole buffer (MLX copies a buffer for a write
     while a pending copy still reads it). The peak is asserted on the CPU (CI's device), where it is
     exact; the rows everywhere."""
+    copies_made(monkeypatch, copies)
     n = 4096
     live, other = KVCache(layer=0), KVCache(layer=0)
     write(live, 0, n)
@@ -252,13 +260,15 @@ def test_a_page_in_that_copies_views_out_writes_the_live_buffer_in_place():
     owned.release()
 
 
-def test_a_first_write_after_a_page_in_copies_its_views_from_the_buffer_before_the_page_in():
+@pytest.mark.parametrize("copies", COPIES)
+def test_a_first_write_after_a_page_in_copies_its_views_from_the_buffer_before_the_page_in(monkeypatch, copies):
     """The engine's page-in block: a restore overwrites one lazy view (copied out) and writes rows in,
     then the first chunk's before_write copies out another view, past the restored rows. That second
     copy reads the buffer as it was before the restore's write (its rows are the same there), so the
     block evaluates no write: the write is left to the forward, which updates the buffer in place.
     (Read from the written buffer, the copy would evaluate the write while the first copy still reads
     the old buffer, and MLX would copy the whole buffer: the CPU's exact peak shows it.)"""
+    copies_made(monkeypatch, copies)
     n = 4096
     live, other = KVCache(layer=0), KVCache(layer=0)
     write(live, 0, n)
@@ -287,10 +297,12 @@ def test_a_first_write_after_a_page_in_copies_its_views_from_the_buffer_before_t
         s.release()
 
 
-def test_a_view_of_rows_the_page_in_wrote_copies_the_written_rows():
+@pytest.mark.parametrize("copies", COPIES)
+def test_a_view_of_rows_the_page_in_wrote_copies_the_written_rows(monkeypatch, copies):
     """The other side of the rule above: a restored snapshot adopted as a view whose rows the first
     chunk overwrites (the request resumed inside its node) is copied from the written buffer, so it
     keeps the rows it was restored with, not the ones the buffer held before."""
+    copies_made(monkeypatch, copies)
     from impl.caches.evaluation import deferred_eval
 
     n = 1024

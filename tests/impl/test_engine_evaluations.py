@@ -4,10 +4,12 @@ Every evaluation is a round trip to the MLX stream that costs tens of microsecon
 whatever it computes, so on a small model it is most of the bookkeeping. A request that switches
 conversations on a hybrid model (qwen3next: recurrent layers beside full attention) makes:
 
-- exactly one evaluation before its first forward: the page-in and the copies of the lazy views its
-  first write overwrites, together (the views a later write overwrites are copied with the evaluation
-  of the forward before it, Engine.copy_ahead, and stay lazy until that write); the restored rows
-  themselves are written by the first forward's evaluation, in place;
+- exactly one evaluation before its first forward where MLX's stream copies the views (a GPU): the
+  page-in and the copies of the lazy views its first write overwrites, together (the views a later
+  write overwrites are copied with the evaluation of the forward before it, Engine.copy_ahead, and stay
+  lazy until that write); none where the views are copied on the host (the CPU device:
+  impl/caches/host_rows.py); the restored rows themselves are written by the first forward's
+  evaluation, in place;
 - none in a decode step's bookkeeping here (no view lies past the prompt): a decode step makes one
   evaluation, its forward's own; and none at close (the page-out of the recurrent layers waits for
   the next forward, whose one evaluation takes it along, as it takes the captures its caches take).
@@ -27,6 +29,7 @@ import impl.caches.evaluation as evaluation
 from impl.engine import Engine
 from impl.models import load
 from test_engine_support import assert_c1, judged
+from tests.support.evaluations import COPIES, copies_made
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +81,10 @@ def recorder(monkeypatch, e: Engine) -> list:
     return log
 
 
-def test_a_conversation_switch_synchronises_once_before_its_first_forward(hybrid, monkeypatch):
+@pytest.mark.parametrize("copies", COPIES)
+def test_a_conversation_switch_synchronises_once_before_its_first_forward(hybrid, monkeypatch, copies):
+    """Once with the stream's copies, not at all with the host's (the module's header)."""
+    copies_made(monkeypatch, copies)
     e = judged(Engine(hybrid, capture_interval=1 << 20, near_end=0, check_rules=False))
     tok = hybrid.tokenizer
     system = {"role": "system", "content": "You answer every question in one short sentence, politely."}
@@ -91,7 +97,7 @@ def test_a_conversation_switch_synchronises_once_before_its_first_forward(hybrid
     log = recorder(monkeypatch, e)
     r = e.generate(a2, max_tokens=12, stop_at_eos=False)
     assert r.stats.resumed > len(e.tokens_of([system])), r.stats   # back on A's branch, past the system prompt
-    assert log.count("page-in") == 1, log
+    assert log.count("page-in") == (copies == "stream"), log
     steps = log.count("decode starts")
     assert steps == 11 and log.count("decode") == steps, log      # one evaluation a step: its forward's
     assert "close" not in log, log
@@ -151,12 +157,16 @@ def test_a_continued_conversation_does_not_synchronise_before_its_first_forward(
     assert_c1(hybrid, e.tokens_of(a2), [], r)
 
 
+@pytest.mark.parametrize("copies", COPIES)
 @pytest.mark.parametrize("ahead", [True, False], ids=["copy_ahead", "apart"])
-def test_a_prefill_over_the_last_conversations_views_copies_them_with_the_forward_before(hybrid, monkeypatch, ahead):
+def test_a_prefill_over_the_last_conversations_views_copies_them_with_the_forward_before(hybrid, monkeypatch, ahead,
+                                                                                        copies):
     """A resumed conversation whose prefill runs on over the rows of the one before (lazy views in the
     live buffer, a node every few tokens) copies the views each chunk overwrites out with the evaluation
     of the forward before it (Engine.copy_ahead): every forward makes one evaluation, its own. Apart
-    (copy_ahead off), each chunk that overwrites views evaluates their copies alone first. C1 holds."""
+    (copy_ahead off), each chunk that overwrites views evaluates their copies alone first with the
+    stream's copies, and not at all with the host's. C1 holds."""
+    copies_made(monkeypatch, copies)
     e = judged(Engine(hybrid, chunk_size=8, capture_interval=8, near_end=0, check_rules=False))
     monkeypatch.setattr(e, "copy_ahead", ahead)
     system = {"role": "system", "content": "You answer every question in one short sentence, politely."}
@@ -181,7 +191,7 @@ def test_a_prefill_over_the_last_conversations_views_copies_them_with_the_forwar
     assert len(overwriting) >= 3, calls                 # several chunks past the page-in overwrite views
     forwards = log.count("forward starts") + log.count("decode starts")
     evaluations = log.count("forward") + log.count("decode")
-    if ahead:
+    if ahead or copies == "host":
         assert evaluations == forwards, log
     else:
         assert evaluations >= forwards + len(overwriting) - 1, log    # (the first chunk's: in the page-in)

@@ -21,3 +21,14 @@ def count_evaluations(monkeypatch) -> list:
 
     monkeypatch.setattr(evaluation, "mx", Counting())
     return evals
+
+
+COPIES = ("stream", "host")
+
+
+def copies_made(monkeypatch, how: str) -> None:
+    """Lazy views copied out with MLX's stream ("stream": operations evaluated, a GPU's way) or on the
+    calling thread ("host": impl/caches/host_rows.py, the CPU device's way, nothing to evaluate)."""
+    import impl.caches.host_rows as host_rows
+
+    monkeypatch.setattr(host_rows, "ENABLED", how == "host")
