@@ -14,6 +14,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from impl.caches import CacheError, MergeError, forward, live_snapshots, make_layer_caches
+from tests.support.evaluations import COPIES, copies_made
 from tests.support.small_archs import build
 
 TOKENS = [1, 5, 9, 2, 7, 3, 4, 8, 6, 11, 12, 10]
@@ -82,14 +83,14 @@ def test_whole_state_composite_and_chunked_restore_like_a_cold_prefill(model_typ
         s.release()
 
 
-@pytest.mark.parametrize("copies", ["stream", "host"])
+@pytest.mark.parametrize("copies", COPIES)
 @pytest.mark.parametrize("model_type", ["deepseek_v32", "falcon_h1"])
 def test_before_write_copies_composite_parts_views_in_one_evaluation(model_type, monkeypatch, copies):
     """A KV part's lazy views, in a KV list (deepseek_v32) or a whole-state list (falcon_h1), are
     copied out by before_write with every other layer's, in one evaluation (none on the host), not
     mid-forward."""
     from impl.caches.factory import before_write
-    from tests.support.evaluations import copies_made, count_evaluations
+    from tests.support.evaluations import count_evaluations
 
     copies_made(monkeypatch, copies)
     model, _ = build(model_type)

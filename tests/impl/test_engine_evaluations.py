@@ -196,3 +196,14 @@ def test_a_prefill_over_the_last_conversations_views_copies_them_with_the_forwar
     else:
         assert evaluations >= forwards + len(overwriting) - 1, log    # (the first chunk's: in the page-in)
     assert_c1(hybrid, e.tokens_of(a2), [], r)
+
+
+@pytest.mark.parametrize("copies", COPIES)
+def test_copies_are_made_ahead_only_where_they_save_an_evaluation(hybrid, monkeypatch, copies):
+    """Engine.copy_ahead's default: on with the stream's copies (the copy rides on the forward's
+    evaluation), off with the host's (nothing to evaluate: the copy is made right before its write and
+    counted as bookkeeping); an explicit setting stands."""
+    copies_made(monkeypatch, copies)
+    assert Engine(hybrid).copy_ahead is (copies == "stream")
+    monkeypatch.setattr(Engine, "copy_ahead", False)
+    assert Engine(hybrid).copy_ahead is False
