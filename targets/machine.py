@@ -367,7 +367,7 @@ def removals(ops: list):
             yield a, a + k
 
 
-def reduce(ops: list, keeps) -> list:
+def reduce_ops(ops: list, keeps) -> list:
     """Drop ranges (``removals``) while ``keeps(program)`` holds, until none can go."""
     best, changed = list(ops), True
     while changed:
@@ -381,6 +381,6 @@ def reduce(ops: list, keeps) -> list:
 
 
 def minimize(target, ops: list, rule: str) -> list:
-    """Greedy reduction after Hypothesis's shrink (``reduce``): the program stays well formed and
+    """Greedy reduction after Hypothesis's shrink (``reduce_ops``): the program stays well formed and
     still breaks `rule`."""
-    return reduce(ops, lambda cand: reproduces(target, cand, rule))
+    return reduce_ops(ops, lambda cand: reproduces(target, cand, rule))

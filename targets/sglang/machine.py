@@ -6,7 +6,7 @@ a stored stream. Everything else -- judging every view with spec.rules, the spec
 policy differences, replay and `minimize` -- is targets.machine's.
 
 `campaign(target, minutes)` hunts round-robin until the time is up; each new rule's program is
-reduced by targets.machine.minimize (kept to <= 12 operations when it can be). The target runs
+reduced by targets.machine.minimize until no request or run of operations can go. The target runs
 inside targets.sglang.crash.Guarded: an exception raised in SGLang's code is rule PANIC (its program
 reduced while it keeps raising the same exception type in the same SGLang function); one raised in ours
 stops the campaign with its traceback.
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
 from hypothesis.stateful import precondition, rule, run_state_machine_as_test
 
-from targets.machine import Hunt, TargetMachine, minimize, reduce, replay_checked, well_formed
+from targets.machine import Hunt, TargetMachine, minimize, reduce_ops, replay_checked, well_formed
 from targets.sglang.crash import SglangCrash, guard
 from targets.report import Campaign, Finding
 
@@ -99,7 +99,7 @@ def crash_of(target, ops: list):
 
 
 def minimize_crash(target, ops: list) -> list:
-    """targets.machine.reduce for a crash: drop requests and runs of operations while the program
+    """targets.machine.reduce_ops for a crash: drop requests and runs of operations while the program
     still raises the same exception type in the same SGLang function."""
     first = crash_of(target, ops)
     if first is None:
@@ -108,4 +108,4 @@ def minimize_crash(target, ops: list) -> list:
     def same(cand):
         c = crash_of(target, cand)
         return c is not None and c.signature == first.signature
-    return reduce(ops, same)
+    return reduce_ops(ops, same)
