@@ -1,40 +1,67 @@
 """The bookkeeping floor's rows only, repeated: sum(Result.bookkeeping_s) / sum(Result.forward_s) per
 (workload, model, budget), as `python -m bench` measures it (bench/suite.py run_case), the median of
-`--repeat` runs after one warm-up run.
+`--repeat` runs after one warm-up run. `--split`: also where ours' bookkeeping went, per row, with
+bench/pagein_split.py's timers (the prefix cache's verbs, eviction inside them, the copies before a
+write, the page-in's evaluation), in ms a request over the repeated runs.
 
 On the 2-core CPU this ratio moves by +-50 % between runs made hours apart, more than most changes do:
 compare two versions of the code with this script, alternating runs of the two on one machine within
 minutes (copy it into the older checkout; it imports `bench` and `impl` from the current directory).
 
 Run: LD_PRELOAD=<OpenBLAS> .venv/bin/python -m bench.bookkeeping [--models qwen3next]
-     [--workloads chat,branching,agent] [--repeat 3]
+     [--workloads chat,branching,agent] [--repeat 3] [--split] [--scale full|quick]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+from contextlib import nullcontext
+
+PARTS = ("begin", "before_write", "pagein_eval", "prefilled", "close", "evaluated", "chunk_at")   # the sum
+OF_WHICH = ("evict",)                                                     # timed inside begin, prefilled, close
 
 
-def measure(model: str, workloads: list, repeat: int) -> list:
-    from bench import suite
+def measure(model: str, workloads: list, repeat: int, split: bool = False, scale: str = "full") -> list:
+    """[(workload, model, budget, median %, runs %, split)]: split maps a part to its ms a request
+    (None without `split`)."""
+    from bench import pagein_split, suite
     from bench.runners import geometry
     from impl.models import load
 
     lm = load(model)
     geom = geometry(lm)
-    settings = suite.Settings()                                            # python -m bench's defaults
+    settings = suite.Settings(iso=False)          # python -m bench's defaults; the iso-memory search reads no time
     rows = []
     for name in workloads:
-        wl = suite.build_workload(name, lm, "full", settings.seed)
+        wl = suite.build_workload(name, lm, scale, settings.seed)
         if wl is None:
             continue
         suite.run_case(lm, geom, wl, settings, log=lambda _: None)          # warm-up
         runs: dict = {}
+        records: list = []
         for _ in range(repeat):
-            for budget, r in suite.run_case(lm, geom, wl, settings, log=lambda _: None).items():
+            with pagein_split.split_timers(records) if split else nullcontext():
+                out = suite.run_case(lm, geom, wl, settings, log=lambda _: None)
+            for budget, r in out.items():
                 runs.setdefault(budget, []).append(100 * r["bk_frac"])
-        rows += [(name, model, budget, statistics.median(v), v) for budget, v in runs.items()]
+        budgets = {"ample": suite.budgets_for(wl, geom, settings)["ample"]}
+        for budget, v in runs.items():
+            mine = [r for r in records if (r["budget"] == budgets["ample"]) == (budget == "ample")]
+            rows.append((name, model, budget, statistics.median(v), v, split_of(mine) if split else None))
     return rows
+
+
+def split_of(records: list) -> dict:
+    """ms a request for each part, the rest of the bookkeeping (`other`: what no timer covers, less the
+    timers' own few microseconds, so it can dip below 0) and the forward, and evictions a request; {}
+    for no records."""
+    if not records:
+        return {}
+    per = {k: 1e3 * sum(r.get(k, 0.0) for r in records) / len(records) for k in PARTS + OF_WHICH}
+    total = 1e3 * sum(r["bookkeeping_s"] for r in records) / len(records)
+    return {**per, "other": total - sum(per[k] for k in PARTS), "bookkeeping": total,
+            "forward": 1e3 * sum(r["forward_s"] for r in records) / len(records), "requests": len(records),
+            "evictions": sum(r["evictions"] for r in records) / len(records)}
 
 
 def main(argv=None) -> None:
@@ -42,12 +69,22 @@ def main(argv=None) -> None:
     ap.add_argument("--models", default="qwen3next")
     ap.add_argument("--workloads", default="chat,branching,agent")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--split", action="store_true", help="also where the bookkeeping went (ms a request)")
+    ap.add_argument("--scale", choices=("full", "quick"), default="full")
     a = ap.parse_args(argv)
+    rows = [r for m in a.models.split(",") for r in measure(m, a.workloads.split(","), a.repeat, a.split, a.scale)]
     print("| workload | model | budget | bookkeeping / forward, median | runs |")
     print("|---|---|---|---|---|")
-    for m in a.models.split(","):
-        for w, model, budget, med, runs in measure(m, a.workloads.split(","), a.repeat):
-            print(f"| {w} | {model} | {budget} | {med:.2f}% | {', '.join(f'{x:.2f}' for x in runs)} |", flush=True)
+    for w, model, budget, med, runs, _ in rows:
+        print(f"| {w} | {model} | {budget} | {med:.2f}% | {', '.join(f'{x:.2f}' for x in runs)} |")
+    if a.split:
+        cols = PARTS + ("other", "bookkeeping") + OF_WHICH + ("forward", "evictions")
+        print("\nms a request (every run's requests; evictions a request):\n\n| workload | model | budget | requests | "
+              + " | ".join(f"of which {c}" if c in OF_WHICH else c for c in cols) + " |")
+        print("|---|---|---|---|" + "---|" * len(cols))
+        for w, model, budget, _, _, sp in rows:
+            print(f"| {w} | {model} | {budget} | {sp.get('requests', 0)} | "
+                  + " | ".join(f"{sp.get(c, 0.0):.3f}" for c in cols) + " |")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
   python -m bench.pagein_split [--apart] [--runs-experiment] [--json FILE] -- BENCH.SCALE ARGS
       bench.scale's run with timers around the prefix cache's verbs (begin, close, prefilled, evaluated,
-      chunk_at), the engine's before_write (the copies of the views a write overwrites: built for the
+      chunk_at; and eviction, which runs inside begin, prefilled and close), the engine's before_write (the copies of the views a write overwrites: built for the
       first chunk, taken over for later ones), the page-in's one evaluation (with the count and bytes of
       the arrays it evaluates, and how many of those bytes MLX's allocator took from its pool of freed
       buffers or newly from the system) and the copies made ahead with forwards' evaluations (count and
@@ -31,6 +31,7 @@ from contextlib import contextmanager
 import mlx.core as mx
 
 VERBS = ("begin", "close", "prefilled", "evaluated", "chunk_at")     # chunk_at: every next_chunk, and the engine's look ahead
+INNER = ("_evict",)            # timed inside the verbs above (begin, prefilled and close evict): "of which"
 
 
 @contextmanager
@@ -44,7 +45,7 @@ def split_timers(records: list, runs: bool = False):
     orig_begin = PrefixCache.begin
     cur: dict = defaultdict(float)
     engines: dict = {}                              # id -> ordinal: bench.scale warms up on an engine of its own
-    saved = [(PrefixCache, v, getattr(PrefixCache, v)) for v in VERBS] + [
+    saved = [(PrefixCache, v, getattr(PrefixCache, v)) for v in VERBS + INNER] + [
         (engine, "before_write", engine.before_write), (engine.Engine, "generate", engine.Engine.generate),
         (ev.deferred_eval, "__exit__", ev.deferred_eval.__exit__),
         (LiveViews, "_materialise_views", LiveViews.__dict__["_materialise_views"]),
@@ -83,7 +84,9 @@ def split_timers(records: list, runs: bool = False):
     def generate(self, *a, _orig=engine.Engine.generate, **k):
         cur.clear()
         r = _orig(self, *a, **k)
-        records.append({"engine": engines.setdefault(id(self), len(engines)), "resumed": r.stats.resumed, "new_tokens": r.stats.total - r.stats.resumed,
+        records.append({"engine": engines.setdefault(id(self), len(engines)), "budget": self.pc.budget,
+                        "resumed": r.stats.resumed, "new_tokens": r.stats.total - r.stats.resumed,
+                        "evictions": r.stats.evictions,
                         "bookkeeping_s": r.bookkeeping_s, "forward_s": r.forward_s,
                         **{k: v for k, v in cur.items() if not k.startswith("_")}})
         return r
@@ -96,8 +99,8 @@ def split_timers(records: list, runs: bool = False):
         cur["ahead_bytes"] += sum(a.nbytes for s in made for a in s._ahead)
 
     LiveViews.copy_ahead = copy_ahead
-    for v in VERBS[1:]:
-        setattr(PrefixCache, v, timed(v, getattr(PrefixCache, v)))
+    for v in VERBS[1:] + INNER:
+        setattr(PrefixCache, v, timed(v.lstrip("_"), getattr(PrefixCache, v)))
     PrefixCache.begin = timed("begin", begin)
     engine.before_write = timed("before_write", engine.before_write)
     engine.Engine.generate = generate
@@ -139,11 +142,12 @@ def _materialise_runs(views) -> None:
 
 COLUMNS = ("resumed", "new_tokens", "bookkeeping_s", "pagein_eval", "pagein_arrays", "pagein_bytes",
            "pagein_pool_bytes", "pagein_fresh_bytes", "begin",
-           "before_write", "ahead_arrays", "ahead_bytes", "prefilled", "close", "evaluated", "chunk_at", "forward_s")
+           "before_write", "ahead_arrays", "ahead_bytes", "prefilled", "close", "evaluated", "chunk_at", "evict",
+           "forward_s")
 
 
 def _cell(k: str, v: float) -> str:
-    if k.endswith("_s") or k in VERBS + ("pagein_eval", "before_write"):
+    if k.endswith("_s") or k in VERBS + ("pagein_eval", "before_write", "evict"):
         return f"{v * 1e3:.2f} ms"
     return f"{v / 1e6:.1f} MB" if k.endswith("_bytes") else f"{int(v)}"
 
@@ -194,12 +198,14 @@ def main(argv=None) -> int:
     from impl.engine import Engine
 
     records: list = []
-    Engine.copy_ahead = not a.apart
+    default = Engine.copy_ahead
+    if a.apart:
+        Engine.copy_ahead = False
     try:
         with split_timers(records, runs=a.runs_experiment):
             rc = scale.main(scale_args)
     finally:
-        Engine.copy_ahead = True
+        Engine.copy_ahead = default
     if a.json:
         with open(a.json, "w") as f:
             json.dump(records, f, indent=1)

@@ -317,3 +317,27 @@ def test_pagein_split_smoke(tmp_path, monkeypatch):
     assert all(x["pagein_arrays"] <= r["pagein_arrays"] for x, r in zip(got[True], base))
     assert sum(x["pagein_arrays"] for x in got[True]) < sum(r["pagein_arrays"] for r in base)
     assert "| **sum** " in pagein_split.table(base)
+
+
+def test_bookkeeping_split_accounts_for_each_rows_figure():
+    """python -m bench.bookkeeping --split: each row's split is made of that row's own requests (the
+    records are told apart by budget), so its bookkeeping and forward sums give back the row's figure;
+    its parts and the rest add up to the bookkeeping; only the tight row evicts. The timers are
+    removed afterwards."""
+    from bench import bookkeeping
+    from impl.prefix_cache import PrefixCache
+
+    evict, begin = PrefixCache._evict, PrefixCache.begin
+    rows = bookkeeping.measure("qwen3next", ["chat"], 1, split=True, scale="quick")
+    assert PrefixCache._evict is evict and PrefixCache.begin is begin
+    assert [(w, b) for w, _, b, *_ in rows] == [("chat", "ample"), ("chat", "tight")]
+    for _, _, budget, median, runs, sp in rows:
+        assert median == runs[0] > 0
+        assert sp["requests"] == 6                        # quick chat: 2 conversations x 3 turns, one run
+        assert 100 * sp["bookkeeping"] / sp["forward"] == pytest.approx(median, rel=1e-9)
+        parts = sum(sp[k] for k in bookkeeping.PARTS)
+        assert parts + sp["other"] == pytest.approx(sp["bookkeeping"], rel=1e-9)
+        assert sp["begin"] > 0 and sp["close"] > 0 and sp["prefilled"] > 0
+        assert sp["evict"] > 0                            # (the budget test runs on every verb)
+        assert (sp["evictions"] > 0) == (budget == "tight"), (budget, sp)
+    assert bookkeeping.split_of([]) == {}
