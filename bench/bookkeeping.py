@@ -44,9 +44,9 @@ def measure(model: str, workloads: list, repeat: int, split: bool = False, scale
                 out = suite.run_case(lm, geom, wl, settings, log=lambda _: None)
             for budget, r in out.items():
                 runs.setdefault(budget, []).append(100 * r["bk_frac"])
-        budgets = {"ample": suite.budgets_for(wl, geom, settings)["ample"]}
+        ample = suite.budgets_for(wl, geom, settings)["ample"]
         for budget, v in runs.items():
-            mine = [r for r in records if (r["budget"] == budgets["ample"]) == (budget == "ample")]
+            mine = [r for r in records if (r["budget"] == ample) == (budget == "ample")]
             rows.append((name, model, budget, statistics.median(v), v, split_of(mine) if split else None))
     return rows
 

@@ -2,8 +2,9 @@
 
   python -m bench.pagein_split [--apart] [--runs-experiment] [--json FILE] -- BENCH.SCALE ARGS
       bench.scale's run with timers around the prefix cache's verbs (begin, close, prefilled, evaluated,
-      chunk_at; and eviction, which runs inside begin, prefilled and close), the engine's before_write (the copies of the views a write overwrites: built for the
-      first chunk, taken over for later ones), the page-in's one evaluation (with the count and bytes of
+      chunk_at; and eviction, which runs inside begin, prefilled and close), the engine's before_write
+      (the copies of the views a write overwrites: built for the first chunk, taken over for later
+      ones), the page-in's one evaluation (with the count and bytes of
       the arrays it evaluates, and how many of those bytes MLX's allocator took from its pool of freed
       buffers or newly from the system) and the copies made ahead with forwards' evaluations (count and
       bytes).

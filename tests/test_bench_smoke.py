@@ -322,8 +322,9 @@ def test_pagein_split_smoke(tmp_path, monkeypatch):
 def test_bookkeeping_split_accounts_for_each_rows_figure():
     """python -m bench.bookkeeping --split: each row's split is made of that row's own requests (the
     records are told apart by budget), so its bookkeeping and forward sums give back the row's figure;
-    its parts and the rest add up to the bookkeeping; only the tight row evicts. The timers are
-    removed afterwards."""
+    the timed parts cover the bookkeeping (what is left is the timers' own cost and a check or two,
+    far below `begin`'s share, the largest part); only the tight row evicts. The timers are removed
+    afterwards."""
     from bench import bookkeeping
     from impl.prefix_cache import PrefixCache
 
@@ -335,8 +336,7 @@ def test_bookkeeping_split_accounts_for_each_rows_figure():
         assert median == runs[0] > 0
         assert sp["requests"] == 6                        # quick chat: 2 conversations x 3 turns, one run
         assert 100 * sp["bookkeeping"] / sp["forward"] == pytest.approx(median, rel=1e-9)
-        parts = sum(sp[k] for k in bookkeeping.PARTS)
-        assert parts + sp["other"] == pytest.approx(sp["bookkeeping"], rel=1e-9)
+        assert abs(sp["other"]) < 0.25 * sp["bookkeeping"], sp
         assert sp["begin"] > 0 and sp["close"] > 0 and sp["prefilled"] > 0
         assert sp["evict"] > 0                            # (the budget test runs on every verb)
         assert (sp["evictions"] > 0) == (budget == "tight"), (budget, sp)
