@@ -83,9 +83,8 @@ class ChunkedCache(WholeStateCache, mlx_cache.ChunkedKVCache):
     def restore(self, snap, target: int) -> bool:
         if self._sched.active:
             raise CacheError("restore while captures are scheduled (take_captures first)")
-        self._eval_captures()                # a pending page-out: with the page-in's copies, before the next
-                                             # forward writes the buffer it reads (in place when they have an
-                                             # evaluation of their own; handed to that forward's, MLX copies it)
+        self._eval_captures()                # a pending page-out: in this page-in's evaluation, before the next
+                                             # forward writes the buffer it reads in place
         if not self.can_restore(snap, target):
             return False
         self._since_boundary = 0
