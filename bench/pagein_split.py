@@ -11,9 +11,6 @@
       A table a request of ours' last engine (bench.scale warms up on another), and the sums; --json
       writes every request's record. --apart: each write's copies of the views it overwrites get an
       evaluation of their own (Engine.copy_ahead off), as before copy_ahead: the A/B of that design.
-      --pagein-apart: the page-in's copies get an evaluation of their own at the end of its block
-      (Engine.pagein_with_forward off) instead of riding on the first forward's; pagein_eval is that
-      block's end, with the count and bytes of the copies it evaluates or hands over.
   python -m bench.pagein_split --copies
       The page-in's copy-out at llama 1.3B's geometry (24 layers, K and V [1, 4, 8192, 128] float32): the
       same rows as 48 arrays, the allocator's pool emptied first or not, and as one join per K and V.
@@ -190,7 +187,6 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs-experiment", action="store_true")
     ap.add_argument("--apart", action="store_true")
-    ap.add_argument("--pagein-apart", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--copies", action="store_true")
     a = ap.parse_args(own)
@@ -203,16 +199,14 @@ def main(argv=None) -> int:
     from impl.engine import Engine
 
     records: list = []
-    defaults = Engine.copy_ahead, Engine.pagein_with_forward
+    default = Engine.copy_ahead
     if a.apart:
         Engine.copy_ahead = False
-    if a.pagein_apart:
-        Engine.pagein_with_forward = False
     try:
         with split_timers(records, runs=a.runs_experiment):
             rc = scale.main(scale_args)
     finally:
-        Engine.copy_ahead, Engine.pagein_with_forward = defaults
+        Engine.copy_ahead = default
     if a.json:
         with open(a.json, "w") as f:
             json.dump(records, f, indent=1)

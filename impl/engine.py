@@ -15,12 +15,8 @@ Invariants kept here:
   - The lazy views a chunk (or decode step) will overwrite are copied out with
     the evaluation of the forward before it (copy_ahead), not in one of their
     own; they stay lazy until that write, so a cancel between leaves them so.
-    The page-in's copies (the views its restores and the first write overwrite)
-    are evaluated with the first forward's evaluation, listed before its
-    arrays (pagein_with_forward), or by the request's end when no forward
-    comes. Where rows are copied on the host (the CPU device:
-    caches/host_rows.py) a copy needs no evaluation, and each is made right
-    before its write.
+    Where rows are copied on the host (the CPU device: caches/host_rows.py) a
+    copy needs no evaluation, and each is made right before its write.
   - Media features enter through the model's embedding layer and
     non-causal spans through the caches' masks, for this forward only.
   - One thread runs the requests: the first generate() binds the engine to its
@@ -114,8 +110,6 @@ class Result:
 class Engine:
     copy_ahead = None       # False: each write's copies are made before it (bench.pagein_split --apart); None:
                             # where MLX's stream copies (a GPU), not where rows are copied on the host (host_rows.py)
-    pagein_with_forward = None   # False: the page-in's copies get an evaluation of their own before the first
-                                 # forward (bench.pagein_split --pagein-apart); None: as copy_ahead
 
     def __init__(self, loaded, budget_bytes: int = 1 << 62, *, chunk_size: int = 64, capture_interval: int = 256,
                  near_end: int = 4, check_rules: bool = False):
@@ -134,9 +128,6 @@ class Engine:
         self.copies_s = 0.0                  # time in before_write: cache bookkeeping, not the model's forward
         if self.copy_ahead is None:          # a host copy needs no evaluation to share: made at the write
             self.copy_ahead = not host_rows.enabled()
-        if self.pagein_with_forward is None:
-            self.pagein_with_forward = not host_rows.enabled()
-        self._carried: list = []             # the page-in's copies, for the first forward's evaluation
         self.embedding = _install_media_embedding(self.model)
         w = self.embedding.inner.weight
         bits = getattr(self.embedding.inner, "bits", None)       # a quantised embedding packs its rows
@@ -237,9 +228,6 @@ class Engine:
                 c.attention_spans = request_spans
         try:
             with deferred_eval():       # one MLX evaluation: the forward and the captures its caches took
-                if self._carried:       # (first: copies out of the buffer this forward writes, done before it)
-                    evaluate(*self._carried)
-                    self._carried = []
                 out = forward(self.model, mx.array([list(map(int, tokens))]), self.caches, views_copied=True)
                 if ahead and self.copy_ahead:
                     w0 = time.perf_counter()
@@ -273,9 +261,8 @@ class Engine:
         produced, first_logits, cancelled, ttft, fwd, opened, decoded = [], None, False, 0.0, 0.0, False, []
         try:
             w0 = time.perf_counter()
-            carry = self._carried if self.pagein_with_forward else None     # (else one evaluation at its end)
-            with deferred_eval(carry):                       # the page-in and the copies of the views
-                self.pc.begin(keys, spans, marks)            # the first write overwrites
+            with deferred_eval():                            # one MLX evaluation: the page-in and the copies
+                self.pc.begin(keys, spans, marks)            # of the views the first write overwrites
                 opened = True
                 chunk = self.pc.next_chunk(self.chunk_size)
                 cancelled = chunk is not None and cancel()
@@ -319,9 +306,6 @@ class Engine:
                         fwd += time.perf_counter() - f0
                         decoded.append(tok)
         finally:
-            if self._carried:                        # no forward came (a cancel, an error): evaluated here
-                carried, self._carried = self._carried, []
-                evaluate(*carried)
             for c in self._copying:
                 c.drop_ahead()
             if opened:

@@ -284,16 +284,13 @@ def test_pagein_split_smoke(tmp_path, monkeypatch):
     copies nothing out; each resume copies out whole layers' K and V views (4 layers: a multiple of 8
     arrays), whose bytes the allocator serves from its pool or anew. The runs experiment copies fewer
     arrays and restores the same first tokens. The timers are removed when the block ends. (The
-    page-in MLX's stream evaluates, a GPU's: on the CPU device the rows are copied on the host; and
-    evaluated apart, --pagein-apart, as the allocator's bytes are read around that evaluation.)"""
+    page-in MLX's stream evaluates, a GPU's: on the CPU device the rows are copied on the host.)"""
     import json
 
     from bench import pagein_split, scale
-    from impl.engine import Engine
     from tests.support.evaluations import copies_made
 
     copies_made(monkeypatch, "stream")
-    monkeypatch.setattr(Engine, "pagein_with_forward", False)
     from impl.caches.kv_views import LiveViews
     from impl.prefix_cache import PrefixCache
 

@@ -12,8 +12,8 @@ the time the write runs, and MLX updates the buffer in place. (Evaluated togethe
 the write would find the buffer still read by them, and MLX copies a whole buffer for such a write:
 on SmolLM2's 30 layers, a 320-row buffer with 80 rows copied out and 80 written in, 1.8 ms instead
 of 0.9 on the CPU; docs/caches.md.) Every evaluation is a synchronisation with the MLX stream that
-costs tens of microseconds after a forward, whatever it computes, so a page-in has at most one (none
-where the Engine hands its copies to the first forward's evaluation: ``carry``), and so has a forward: the Engine runs each in a block, and the captures its caches take in
+costs tens of microseconds after a forward, whatever it computes, so a page-in has at most one, and
+so has a forward: the Engine runs each in a block, and the captures its caches take in
 ``finish_forward`` (and a recurrent page-out left pending since the last close) are evaluated with it.
 Where the default device is the CPU, KV rows are copied on the host instead (host_rows.py): those
 copies leave nothing to evaluate, and a page-in that only copies KV rows makes no evaluation at all.
@@ -44,17 +44,11 @@ def after_block(fn) -> None:
 
 class deferred_eval:
     """``with deferred_eval():`` collects the copies made in the block and evaluates them at its end
-    (also when the block raises); a nested block leaves them to the outer one. ``carry``: a list that
-    takes them instead, unevaluated, for the caller to evaluate with a later evaluation (the Engine's
-    page-in: with its first forward); what the block's copies alone may read is still let go at its
-    end (MLX keeps an unevaluated copy's input alive itself). A class, not a
+    (also when the block raises); a nested block leaves them to the outer one. A class, not a
     ``contextlib.contextmanager`` generator: right after a forward on the CPU the generator cost
     12-24 us against about 4 us for this (docs/caches.md)."""
 
-    __slots__ = ("outer", "carry")
-
-    def __init__(self, carry: list | None = None):
-        self.carry = carry
+    __slots__ = ("outer",)
 
     def __enter__(self) -> "deferred_eval":
         global _pending
@@ -67,9 +61,7 @@ class deferred_eval:
         global _pending
         if not self.outer:
             arrays, _pending = _pending, None
-            if arrays and self.carry is not None:
-                self.carry.extend(arrays)
-            elif arrays:
+            if arrays:
                 mx.eval(*arrays)
             if _after:
                 calls, _after[:] = list(_after), []

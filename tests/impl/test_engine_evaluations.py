@@ -4,13 +4,12 @@ Every evaluation is a round trip to the MLX stream that costs tens of microsecon
 whatever it computes, so on a small model it is most of the bookkeeping. A request that switches
 conversations on a hybrid model (qwen3next: recurrent layers beside full attention) makes:
 
-- no evaluation before its first forward: where MLX's stream copies the views (a GPU), the page-in's
-  copies (the views its restores and its first write overwrite) are evaluated with the first forward's
-  evaluation (Engine.pagein_with_forward; off, they take one evaluation of their own before it), and
-  the views a later write overwrites with the evaluation of the forward before it (Engine.copy_ahead;
-  they stay lazy until that write); where the views are copied on the host (the CPU device:
-  impl/caches/host_rows.py) there is nothing to evaluate; the restored rows themselves are written by
-  the first forward's evaluation;
+- exactly one evaluation before its first forward where MLX's stream copies the views (a GPU): the
+  page-in and the copies of the lazy views its first write overwrites, together (the views a later
+  write overwrites are copied with the evaluation of the forward before it, Engine.copy_ahead, and stay
+  lazy until that write); none where the views are copied on the host (the CPU device:
+  impl/caches/host_rows.py); the restored rows themselves are written by the first forward's
+  evaluation, in place;
 - none in a decode step's bookkeeping here (no view lies past the prompt): a decode step makes one
   evaluation, its forward's own; and none at close (the page-out of the recurrent layers waits for
   the next forward, whose one evaluation takes it along, as it takes the captures its caches take).
@@ -82,59 +81,27 @@ def recorder(monkeypatch, e: Engine) -> list:
     return log
 
 
-def switch_back(hybrid, e: Engine):
-    """Conversations A, then B on the same system prompt; returns A's next turn (its prompt resumes A's
-    branch past the system prompt, over B's rows in the live buffer)."""
+@pytest.mark.parametrize("copies", COPIES)
+def test_a_conversation_switch_synchronises_once_before_its_first_forward(hybrid, monkeypatch, copies):
+    """Once with the stream's copies, not at all with the host's (the module's header)."""
+    copies_made(monkeypatch, copies)
+    e = judged(Engine(hybrid, capture_interval=1 << 20, near_end=0, check_rules=False))
+    tok = hybrid.tokenizer
     system = {"role": "system", "content": "You answer every question in one short sentence, politely."}
     a = [system, {"role": "user", "content": "What colour is the sky on a clear day?"}]
     b = [system, {"role": "user", "content": "Name a large animal that lives in the sea."}]
     first = e.generate(a, max_tokens=12, stop_at_eos=False)
     e.generate(b, max_tokens=12, stop_at_eos=False)
-    return a + [{"role": "assistant", "content": hybrid.tokenizer.decode(first.tokens)},
-                {"role": "user", "content": "And at sunset?"}], len(e.tokens_of([system]))
-
-
-@pytest.mark.parametrize("copies, with_forward", [("stream", True), ("stream", False), ("host", True)],
-                         ids=["stream", "stream-apart", "host"])
-def test_a_conversation_switch_synchronises_only_with_its_forwards(hybrid, monkeypatch, copies, with_forward):
-    """With the stream's copies, the page-in's copies are handed to the first forward, which evaluates
-    them with its own arrays (Engine.pagein_with_forward; off: one evaluation of their own before it);
-    with the host's there is nothing to hand over. Every forward makes one evaluation, its own."""
-    copies_made(monkeypatch, copies)
-    monkeypatch.setattr(Engine, "pagein_with_forward", with_forward)
-    e = judged(Engine(hybrid, capture_interval=1 << 20, near_end=0, check_rules=False))
-    a2, system = switch_back(hybrid, e)
+    a2 = a + [{"role": "assistant", "content": tok.decode(first.tokens)},
+              {"role": "user", "content": "And at sunset?"}]
     log = recorder(monkeypatch, e)
-    handed, forward = [], e._forward
-    monkeypatch.setattr(e, "_forward", lambda *a, **k: (handed.append(len(e._carried)), forward(*a, **k))[1])
     r = e.generate(a2, max_tokens=12, stop_at_eos=False)
-    assert r.stats.resumed > system, r.stats       # back on A's branch, past the system prompt
-    stream_apart = copies == "stream" and not with_forward
-    assert log.count("page-in") == stream_apart, log
-    assert (handed[0] > 0) == (copies == "stream" and with_forward) and not any(handed[1:]), handed
-    assert e._carried == []
+    assert r.stats.resumed > len(e.tokens_of([system])), r.stats   # back on A's branch, past the system prompt
+    assert log.count("page-in") == (copies == "stream"), log
     steps = log.count("decode starts")
     assert steps == 11 and log.count("decode") == steps, log      # one evaluation a step: its forward's
-    assert log.count("forward") == log.count("forward starts"), log
     assert "close" not in log, log
     assert_c1(hybrid, e.tokens_of(a2), [], r)
-
-
-def test_a_page_in_cancelled_before_any_forward_evaluates_its_copies_itself(hybrid, monkeypatch):
-    """The page-in's copies wait for the first forward; a request cancelled before it has none, and
-    evaluates them before it ends (nothing left pending on the last conversation's buffer). The
-    conversation resumed next gets its rows right (C1)."""
-    copies_made(monkeypatch, "stream")
-    e = judged(Engine(hybrid, capture_interval=1 << 20, near_end=0, check_rules=False))
-    assert e.pagein_with_forward
-    a2, system = switch_back(hybrid, e)
-    log = recorder(monkeypatch, e)
-    r = e.generate(a2, max_tokens=12, stop_at_eos=False, cancel=lambda: True)
-    assert r.cancelled and r.tokens == [] and "forward starts" not in log, log
-    assert log.count("page-in") == 1 and e._carried == [], log
-    again = e.generate(a2, max_tokens=2, stop_at_eos=False)
-    assert again.stats.resumed > system, again.stats
-    assert_c1(hybrid, e.tokens_of(a2), [], again)
 
 
 def test_decode_asks_about_lazy_views_once_and_still_copies_those_it_overwrites(hybrid, monkeypatch):
@@ -235,12 +202,8 @@ def test_a_prefill_over_the_last_conversations_views_copies_them_with_the_forwar
 def test_copies_are_made_ahead_only_where_they_save_an_evaluation(hybrid, monkeypatch, copies):
     """Engine.copy_ahead's default: on with the stream's copies (the copy rides on the forward's
     evaluation), off with the host's (nothing to evaluate: the copy is made right before its write and
-    counted as bookkeeping); an explicit setting stands. The same for handing the page-in's copies to
-    the first forward (Engine.pagein_with_forward)."""
+    counted as bookkeeping); an explicit setting stands."""
     copies_made(monkeypatch, copies)
-    e = Engine(hybrid)
-    assert e.copy_ahead is e.pagein_with_forward is (copies == "stream")
+    assert Engine(hybrid).copy_ahead is (copies == "stream")
     monkeypatch.setattr(Engine, "copy_ahead", False)
-    monkeypatch.setattr(Engine, "pagein_with_forward", False)
-    e = Engine(hybrid)
-    assert e.copy_ahead is e.pagein_with_forward is False
+    assert Engine(hybrid).copy_ahead is False
