@@ -128,6 +128,19 @@ def ratio_stats(ours: list, limit: list) -> dict:
     return {"median": statistics.median(r), "p90": float(np.percentile(r, 90)), "max": max(r), "per_request": r}
 
 
+GAP_PARTS = ("total", "forward", "bookkeeping", "other")
+
+
+def gap_parts(ours_row: dict, limit_s: float) -> dict:
+    """Where ours' TTFT exceeds the limit's (``gap_total_s``): its forwards up to the first token against
+    the limit's forwards (``gap_forward_s``), its bookkeeping up to the first token, and the rest of its
+    TTFT (``gap_other_s``: input checks, the buffers' reservation, sampling, the engine's steps between
+    forwards). The parts add up to the total by construction; each is the row's own measurement."""
+    fwd, bk = ours_row["ttft_forward_s"], ours_row["ttft_bookkeeping_s"]
+    return {"gap_total_s": ours_row["ttft_s"] - limit_s, "gap_forward_s": fwd - limit_s,
+            "gap_bookkeeping_s": bk, "gap_other_s": ours_row["ttft_s"] - fwd - bk}
+
+
 def measure(lm, ours: dict, prompts: list, *, chunk: int, warm_prompt=None) -> dict:
     """The limit of every request in ``ours`` (bench.scale's measure() result for the ours runner, whose
     rows carry ``resumed``, ``chunks`` and ``first``); ``prompts``: the prompts ours served, in order.
@@ -144,12 +157,13 @@ def measure(lm, ours: dict, prompts: list, *, chunk: int, warm_prompt=None) -> d
         rows.append({"conv": o["conv"], "turn": o["turn"], "prompt": o["prompt"], "resumed": o["resumed"],
                      "prefilled": o["prefilled"], "ttft_s": x["ttft_s"], "prep_s": x["prep_s"],
                      "ttft_ours_s": o["ttft_s"], "ratio": o["ttft_s"] / x["ttft_s"],
-                     "same_first_token": x["token"] == o["first"]})
+                     "same_first_token": x["token"] == o["first"], **gap_parts(o, x["ttft_s"])})
     wall = time.perf_counter() - t0
     mx.clear_cache()
     ttft = [r["ttft_s"] for r in rows]
     stats = ratio_stats([o["ttft_s"] for o in ours["rows"]], ttft)
     ours["ttft_over_limit"] = {k: v for k, v in stats.items() if k != "per_request"}
+    ours["ttft_over_limit"]["gap_s"] = {k: sum(r[f"gap_{k}_s"] for r in rows) for k in GAP_PARTS}
     return {"runner": "limit", "requests": len(rows), "prompt_tokens": ours["prompt_tokens"],
             "prefilled": sum(r["prefilled"] for r in rows), "ttft_sum_s": sum(ttft),
             "ttft_median_s": statistics.median(ttft), "ttft_max_s": max(ttft), "wall_s": wall,

@@ -37,6 +37,8 @@ class Outcome:
     matched: int = 0         # ours: Stats.matched (the trie match after the back-off)
     resumed: int = 0         # ours: Stats.resumed (where the restore landed)
     chunks: tuple = ()       # ours: Stats.chunks (the prefill's forwards [p, q), before the decode seed)
+    ttft_forward_s: float = 0.0       # ours: of ttft_s, the forwards (Result.ttft_forward_s)
+    ttft_bookkeeping_s: float = 0.0   # ours: of ttft_s, the bookkeeping (Result.ttft_bookkeeping_s)
 
 
 def common_prefix(a, b) -> int:
@@ -112,7 +114,8 @@ class Ours:
         kw = {"boundaries": list(boundaries)} if boundaries and self.takes_boundaries else {}
         r = self.engine.generate(list(prompt), max_tokens, stop_at_eos=False, **kw)
         return Outcome(r.tokens, r.stats.total - r.stats.resumed, r.ttft_s, r.total_s, r.forward_s,
-                       r.bookkeeping_s, r.stats.evictions, r.stats.matched, r.stats.resumed, tuple(r.stats.chunks))
+                       r.bookkeeping_s, r.stats.evictions, r.stats.matched, r.stats.resumed, tuple(r.stats.chunks),
+                       r.ttft_forward_s, r.ttft_bookkeeping_s)
 
     @property
     def takes_boundaries(self) -> bool:

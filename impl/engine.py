@@ -105,6 +105,8 @@ class Result:
     total_s: float = 0.0
     forward_s: float = 0.0        # model forwards, without the snapshot copies below
     bookkeeping_s: float = 0.0    # PrefixCache's verbs + copying out the lazy snapshots forwards overwrite
+    ttft_forward_s: float = 0.0      # of ttft_s: the forwards up to the first token (the prefill's and the seed's)
+    ttft_bookkeeping_s: float = 0.0  # of ttft_s: the bookkeeping up to it (the rest: checks, sampling, steps)
 
 
 class Engine:
@@ -259,6 +261,7 @@ class Engine:
         book0, copies0 = self.pc.bookkeeping_s, self.copies_s
         self._reserve(len(tokens) - 1 + max_tokens, len(tokens))    # the rows it writes if it runs to the end; its prompt's
         produced, first_logits, cancelled, ttft, fwd, opened, decoded = [], None, False, 0.0, 0.0, False, []
+        ttft_split = None
         try:
             w0 = time.perf_counter()
             with deferred_eval():                            # one MLX evaluation: the page-in and the copies
@@ -296,6 +299,8 @@ class Engine:
                         produced.append(tok)
                         if len(produced) == 1:
                             ttft = time.perf_counter() - t0
+                            copies = self.copies_s - copies0          # (before_write inside the forwards)
+                            ttft_split = (fwd - copies, self.pc.bookkeeping_s - book0 + copies + pagein)
                         if on_token is not None:
                             on_token(tok)
                         if len(produced) >= max_tokens or (stop_at_eos and tok == self.eos) or cancel():
@@ -315,10 +320,13 @@ class Engine:
         self.copies_s += pagein
         text = self.tokenizer.decode(produced) if produced else ""
         total = time.perf_counter() - t0
+        forward_s = fwd - (self.copies_s - copies0 - pagein)     # before_write runs inside fwd
+        bookkeeping_s = self.pc.bookkeeping_s - book0 + self.copies_s - copies0
+        ttft_forward_s, ttft_bookkeeping_s = ttft_split or (forward_s, bookkeeping_s)   # no token: all of it
         return Result(tokens=produced, text=text, stats=stats, first_logits=first_logits, cancelled=cancelled,
-                      prompt_tokens=len(tokens), ttft_s=ttft or total, total_s=total,
-                      forward_s=fwd - (self.copies_s - copies0 - pagein),   # before_write runs inside fwd
-                      bookkeeping_s=self.pc.bookkeeping_s - book0 + self.copies_s - copies0)
+                      prompt_tokens=len(tokens), ttft_s=ttft or total, total_s=total, forward_s=forward_s,
+                      bookkeeping_s=bookkeeping_s, ttft_forward_s=ttft_forward_s,
+                      ttft_bookkeeping_s=ttft_bookkeeping_s)
 
     def _on_own_thread(self, what: str) -> None:
         me = threading.current_thread()

@@ -165,10 +165,19 @@ def test_scale_smoke(tmp_path):
             assert x["resumed"] == o["resumed"] and x["prefilled"] == o["prefilled"] == o["prompt"] - o["resumed"]
             assert x["ttft_s"] > 0 and x["ratio"] > 0
         assert sum(o["resumed"] > 0 for o in ours["rows"]) >= 2          # later turns resume from the trie
+        for o in ours["rows"]:                       # the first token's time, split (tests/impl/test_engine_timing.py)
+            assert 0 < o["ttft_forward_s"] <= o["forward_s"] and 0 < o["ttft_bookkeeping_s"] <= o["bookkeeping_s"]
+            assert o["ttft_forward_s"] + o["ttft_bookkeeping_s"] <= o["ttft_s"]
         ratio = ours["ttft_over_limit"]
         assert ratio == lim["ttft_over_limit"] and 0 < ratio["median"] <= ratio["p90"] <= ratio["max"]
+        gap = ratio["gap_s"]                         # ours over the limit, summed, and its parts
+        assert gap["total"] == pytest.approx(ours["ttft_sum_s"] - lim["ttft_sum_s"], abs=1e-9)
+        forwards = sum(o["ttft_forward_s"] for o in ours["rows"])
+        assert gap["forward"] == pytest.approx(forwards - lim["ttft_sum_s"], abs=1e-9)
+        assert gap["bookkeeping"] == pytest.approx(sum(o["ttft_bookkeeping_s"] for o in ours["rows"]), abs=1e-9)
+        assert gap["other"] >= 0 and gap["bookkeeping"] > 0
         md = (tmp_path / f"scale-{arch}-smoke-smoke.md").read_text()
-        assert "| limit |" in md and "TTFT ours / limit" in md
+        assert "| limit |" in md and "TTFT ours / limit" in md and "Ours' TTFT over the limit's" in md
         bk = ours["bookkeeping_over_forward"]                  # ours' bookkeeping share; the others have none
         assert 0 < bk < 10 and runs["server"]["bookkeeping_over_forward"] is None
         assert f"| {bk:.2%} |" in md
