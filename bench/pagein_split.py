@@ -119,7 +119,10 @@ def _materialise_runs(views) -> None:
     """The experiment: one copy per run of adjacent views of one buffer, each view a slice of it."""
     from impl.caches.evaluation import evaluate
 
-    views, runs, out = sorted(views, key=lambda s: s.start), [], []
+    for s in [s for s in views if s._ahead is not None]:
+        s._materialise(now=False)              # copied with the forward before (copy_ahead): taken over
+    views, runs, out = sorted((s for s in views if s._ahead is None and s._cache is not None),
+                              key=lambda s: s.start), [], []
     for s in views:
         if runs and runs[-1][-1].end == s.start and \
                 s._cache._readable(s.start, s.end)[0] is runs[-1][0]._cache._readable(runs[-1][0].start, runs[-1][0].end)[0]:
