@@ -1,6 +1,6 @@
 """Where ours' bookkeeping goes on `bench.scale`'s rows: a per-request split (docs/benchmarks.md, issue #51).
 
-  python -m bench.pagein_split [--apart] [--runs-experiment] [--json FILE] -- BENCH.SCALE ARGS
+  python -m bench.pagein_split [--apart] [--stream-copies] [--runs-experiment] [--json FILE] -- BENCH.SCALE ARGS
       bench.scale's run with timers around the prefix cache's verbs (begin, close, prefilled, evaluated,
       chunk_at; and eviction, which runs inside begin, prefilled and close), the engine's before_write
       (the copies of the views a write overwrites: built for the first chunk, taken over for later
@@ -11,6 +11,9 @@
       A table a request of ours' last engine (bench.scale warms up on another), and the sums; --json
       writes every request's record. --apart: each write's copies of the views it overwrites get an
       evaluation of their own (Engine.copy_ahead off), as before copy_ahead: the A/B of that design.
+      --stream-copies: the views copied with MLX's stream, as on a GPU, also where the rows would be
+      copied on the host (the CPU device, impl/caches/host_rows.py): with bench.scale's --smoke --layers 24
+      the GPU path's Python at llama 1.3B's layer count, on a CPU.
   python -m bench.pagein_split --copies
       The page-in's copy-out at llama 1.3B's geometry (24 layers, K and V [1, 4, 8192, 128] float32): the
       same rows as 48 arrays, the allocator's pool emptied first or not, and as one join per K and V.
@@ -190,6 +193,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs-experiment", action="store_true")
     ap.add_argument("--apart", action="store_true")
+    ap.add_argument("--stream-copies", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--copies", action="store_true")
     a = ap.parse_args(own)
@@ -202,14 +206,18 @@ def main(argv=None) -> int:
     from impl.engine import Engine
 
     records: list = []
-    default = Engine.copy_ahead
+    from impl.caches import host_rows
+
+    default, host = Engine.copy_ahead, host_rows.ENABLED
     if a.apart:
         Engine.copy_ahead = False
+    if a.stream_copies:
+        host_rows.ENABLED = False
     try:
         with split_timers(records, runs=a.runs_experiment):
             rc = scale.main(scale_args)
     finally:
-        Engine.copy_ahead = default
+        Engine.copy_ahead, host_rows.ENABLED = default, host
     if a.json:
         with open(a.json, "w") as f:
             json.dump(records, f, indent=1)

@@ -6,6 +6,7 @@ loader (``mlx_lm.utils.load_model``), like impl/models/hybrid.py at full size:
              layer (gated delta elsewhere), dense MLP
   llama      ~1.3B pure attention: hidden 2048, 24 layers, 16 heads, 4 KV heads, MLP 6656 (1.33B)
   --smoke    hidden 64, 4 layers, a ~600-token chat: seconds on the CPU (tests/test_bench_smoke.py)
+  --layers N the size's layer count replaced (a model of its own, cached apart)
 Vocabulary 49152 (SmolLM2's tokenizer decodes the answers).
 
 Workload (``--context 8k|32k``): a shared system prompt (1/4 of the context), C conversations (3),
@@ -57,8 +58,10 @@ CONTEXTS = {"smoke": 600, "8k": 8192, "32k": 32768}
 RUNNERS = ("ours", "limit", "server", "none")
 
 
-def config(arch: str, size: str) -> dict:
+def config(arch: str, size: str, layers: int | None = None) -> dict:
     c = {**SIZES[size], **BASE[arch], "vocab_size": VOCAB, "max_position_embeddings": 65536}
+    if layers is not None:
+        c["num_hidden_layers"] = layers
     if size != "1.3b":
         c["intermediate_size"] = SIZES[size]["intermediate_size"]
     if size == "smoke":
@@ -68,12 +71,12 @@ def config(arch: str, size: str) -> dict:
     return c
 
 
-def model_dir(arch: str, size: str, dtype: str) -> Path:
+def model_dir(arch: str, size: str, dtype: str, layers: int | None = None) -> Path:
     from impl.models.hybrid import cache_root
-    return cache_root() / f"scale-{arch}-{size}-{dtype}-v1"
+    return cache_root() / f"scale-{arch}-{size}{'' if layers is None else f'-{layers}layers'}-{dtype}-v1"
 
 
-def build(arch: str, size: str, dtype: str = "float32"):
+def build(arch: str, size: str, dtype: str = "float32", layers: int | None = None):
     """Generate (once) and load through mlx-lm's loader; returns an impl.models.LoadedModel."""
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes, load_model
@@ -82,9 +85,9 @@ def build(arch: str, size: str, dtype: str = "float32"):
     from impl.memory import release_pool
     from impl.models import LoadedModel, shared_tokenizer
 
-    path = model_dir(arch, size, dtype)
+    path = model_dir(arch, size, dtype, layers)
     if not (path / "config.json").exists():
-        cfg = config(arch, size)
+        cfg = config(arch, size, layers)
         model_class, args_class = _get_classes(config=cfg)
         mx.random.seed(20261203)
         model = model_class(args_class.from_dict(cfg))
@@ -228,6 +231,8 @@ def main(argv=None) -> int:
     p.add_argument("--interval", type=int, default=1024)
     p.add_argument("--budget-gib", type=float, default=8.0)
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    p.add_argument("--layers", type=int, help="the size's layer count replaced (the smoke model at 1.3B's 24 "
+                   "layers: the bookkeeping's Python at scale on a CPU; bench.pagein_split --stream-copies)")
     p.add_argument("--report", type=Path, default=Path("reports/scale"))
     a = p.parse_args(argv)
     if a.smoke:
@@ -238,10 +243,11 @@ def main(argv=None) -> int:
     a.report.mkdir(parents=True, exist_ok=True)
     for arch in a.arch or sorted(BASE):
         t0 = time.perf_counter()
-        lm = build(arch, a.size, a.dtype)
+        lm = build(arch, a.size, a.dtype, a.layers)
         load_s = time.perf_counter() - t0
         plan = workload(CONTEXTS[a.context], a.conversations, a.turns)
-        rep = {"arch": arch, "size": a.size, "dtype": a.dtype, "params": lm.n_params, "context": a.context,
+        rep = {"arch": arch, "size": a.size, "layers": a.layers, "dtype": a.dtype, "params": lm.n_params,
+               "context": a.context,
                "device": device_key(), "conversations": a.conversations, "turns": a.turns,
                "system": len(plan[0]), "chunk": a.chunk, "load_s": round(load_s, 1), "runners": []}
         ours, prompts = None, []
@@ -260,7 +266,8 @@ def main(argv=None) -> int:
                 print(f"  ours/limit median {x['median']:.3f} p90 {x['p90']:.3f} max {x['max']:.3f}", flush=True)
             else:
                 print(f"  peak {r['peak_bytes'] / 2**30:.2f} GiB  held {r['held_bytes'] / 2**30:.3f} GiB", flush=True)
-        stem = str(a.report / f"scale-{arch}-{a.size}-{a.context}") + ("-" + "-".join(a.runner) if a.runner else "")
+        size = a.size if a.layers is None else f"{a.size}-{a.layers}layers"
+        stem = str(a.report / f"scale-{arch}-{size}-{a.context}") + ("-" + "-".join(a.runner) if a.runner else "")
         Path(f"{stem}.json").write_text(json.dumps(rep, indent=1))
         Path(f"{stem}.md").write_text(markdown(rep))
         print(markdown(rep))

@@ -350,3 +350,27 @@ def test_bookkeeping_split_accounts_for_each_rows_figure():
         assert sp["evict"] > 0                            # (the budget test runs on every verb)
         assert (sp["evictions"] > 0) == (budget == "tight"), (budget, sp)
     assert bookkeeping.split_of([]) == {}
+
+
+def test_scale_layers_and_pagein_split_stream_copies(tmp_path):
+    """bench.scale --layers N: the size's model with N layers, cached apart from the size's own; and
+    bench.pagein_split --stream-copies: the views copied with MLX's stream as on a GPU, so on the CPU the
+    page-in evaluates copies (a multiple of N x K/V arrays a resume) where host copies make none;
+    host_rows' setting is restored afterwards."""
+    import json
+
+    from bench import pagein_split, scale
+    from impl.caches import host_rows
+
+    assert scale.model_dir("llama", "smoke", "float32", 6) != scale.model_dir("llama", "smoke", "float32")
+    assert len(scale.build("llama", "smoke", layers=6).layer_kinds) == 6
+    before, out = host_rows.ENABLED, tmp_path / "records.json"
+    assert pagein_split.main(["--stream-copies", "--json", str(out), "--", "--smoke", "--arch", "llama", "--layers",
+                              "6", "--runner", "ours", "--conversations", "2", "--turns", "2",
+                              "--report", str(tmp_path)]) == 0
+    assert host_rows.ENABLED is before
+    recs = json.loads(out.read_text())
+    resumed = [r for r in recs if r["engine"] == recs[-1]["engine"] and r["resumed"] > 0]
+    assert resumed and all(r["pagein_arrays"] % 12 == 0 for r in resumed), resumed
+    assert sum(r["pagein_arrays"] for r in resumed) > 0
+    assert next(tmp_path.glob("scale-llama-smoke-6layers-smoke-ours.json"))
