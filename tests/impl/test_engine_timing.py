@@ -2,6 +2,7 @@
 the bookkeeping before it and the rest, which bench.scale's limit report reads (bench/limit.py, gap_parts)."""
 from __future__ import annotations
 
+import gc
 import time
 
 import pytest
@@ -41,14 +42,18 @@ def test_the_first_tokens_time_splits_into_its_forwards_its_bookkeeping_and_the_
     ttft_bookkeeping_s, each alone; what is left of ttft_s is small and not negative."""
     e = Engine(hybrid, chunk_size=16, capture_interval=1 << 20, near_end=0)
     e.generate(list(range(1, 30)), max_tokens=1, stop_at_eos=False)       # compiled, warm
-    n = slowed(monkeypatch, e, forward_s=0.05, begin_s=0.2)
-    r = e.generate(list(range(1, 70)), max_tokens=1, stop_at_eos=False)
+    n = slowed(monkeypatch, e, forward_s=0.08, begin_s=0.2)
+    gc.disable()                         # (a collection's pause would land in the rest)
+    try:
+        r = e.generate(list(range(1, 70)), max_tokens=1, stop_at_eos=False)
+    finally:
+        gc.enable()
     assert n[0] >= 3, n                                                    # chunks and the seed
-    assert r.ttft_forward_s == r.forward_s >= 0.05 * n[0]
+    assert r.ttft_forward_s == r.forward_s >= 0.08 * n[0]
     assert 0.2 <= r.ttft_bookkeeping_s < r.bookkeeping_s                  # close comes after the token
     other = r.ttft_s - r.ttft_forward_s - r.ttft_bookkeeping_s
-    assert 0 <= other < 0.04, (r.ttft_s, r.ttft_forward_s, r.ttft_bookkeeping_s)   # no slowed part in it
-    assert r.ttft_forward_s < 0.05 * n[0] + 0.2                            # the slow begin is not a forward's
+    assert 0 <= other < 0.06, (r.ttft_s, r.ttft_forward_s, r.ttft_bookkeeping_s)   # no slowed part in it
+    assert r.ttft_forward_s < 0.08 * n[0] + 0.2                            # the slow begin is not a forward's
 
 
 def test_decode_steps_after_the_first_token_are_not_in_its_split(hybrid, monkeypatch):
