@@ -124,8 +124,7 @@ def _materialise_runs(views) -> None:
 
     for s in [s for s in views if s._ahead is not None]:
         s._materialise(now=False)              # copied with the forward before (copy_ahead): taken over
-    views, runs, out = sorted((s for s in views if s._ahead is None and s._cache is not None),
-                              key=lambda s: s.start), [], []
+    views, runs, out = sorted((s for s in views if s._cache is not None), key=lambda s: s.start), [], []
     for s in views:
         if runs and runs[-1][-1].end == s.start and \
                 s._cache._readable(s.start, s.end)[0] is runs[-1][0]._cache._readable(runs[-1][0].start, runs[-1][0].end)[0]:
@@ -203,11 +202,10 @@ def main(argv=None) -> int:
     if scale_args is None:
         ap.error("give bench.scale's arguments after --")
     from bench import scale
+    from impl.caches import host_rows
     from impl.engine import Engine
 
     records: list = []
-    from impl.caches import host_rows
-
     default, host = Engine.copy_ahead, host_rows.ENABLED
     if a.apart:
         Engine.copy_ahead = False

@@ -71,9 +71,14 @@ def config(arch: str, size: str, layers: int | None = None) -> dict:
     return c
 
 
+def size_label(size: str, layers: int | None = None) -> str:
+    """The size's name in model directories and reports: with --layers, the count too."""
+    return size if layers is None else f"{size}-{layers}layers"
+
+
 def model_dir(arch: str, size: str, dtype: str, layers: int | None = None) -> Path:
     from impl.models.hybrid import cache_root
-    return cache_root() / f"scale-{arch}-{size}{'' if layers is None else f'-{layers}layers'}-{dtype}-v1"
+    return cache_root() / f"scale-{arch}-{size_label(size, layers)}-{dtype}-v1"
 
 
 def build(arch: str, size: str, dtype: str = "float32", layers: int | None = None):
@@ -266,8 +271,7 @@ def main(argv=None) -> int:
                 print(f"  ours/limit median {x['median']:.3f} p90 {x['p90']:.3f} max {x['max']:.3f}", flush=True)
             else:
                 print(f"  peak {r['peak_bytes'] / 2**30:.2f} GiB  held {r['held_bytes'] / 2**30:.3f} GiB", flush=True)
-        size = a.size if a.layers is None else f"{a.size}-{a.layers}layers"
-        stem = str(a.report / f"scale-{arch}-{size}-{a.context}") + ("-" + "-".join(a.runner) if a.runner else "")
+        stem = str(a.report / f"scale-{arch}-{size_label(a.size, a.layers)}-{a.context}") + ("-" + "-".join(a.runner) if a.runner else "")
         Path(f"{stem}.json").write_text(json.dumps(rep, indent=1))
         Path(f"{stem}.md").write_text(markdown(rep))
         print(markdown(rep))

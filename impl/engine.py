@@ -262,6 +262,11 @@ class Engine:
         self._reserve(len(tokens) - 1 + max_tokens, len(tokens))    # the rows it writes if it runs to the end; its prompt's
         produced, first_logits, cancelled, ttft, fwd, opened, decoded = [], None, False, 0.0, 0.0, False, []
         ttft_split = None
+
+        def times() -> tuple:        # (forwards, bookkeeping) so far; before_write runs inside fwd, the page-in not
+            copies = self.copies_s - copies0
+            return fwd - copies, self.pc.bookkeeping_s - book0 + copies + pagein
+
         try:
             w0 = time.perf_counter()
             with deferred_eval():                            # one MLX evaluation: the page-in and the copies
@@ -299,8 +304,7 @@ class Engine:
                         produced.append(tok)
                         if len(produced) == 1:
                             ttft = time.perf_counter() - t0
-                            copies = self.copies_s - copies0          # (before_write inside the forwards)
-                            ttft_split = (fwd - copies, self.pc.bookkeeping_s - book0 + copies + pagein)
+                            ttft_split = times()
                         if on_token is not None:
                             on_token(tok)
                         if len(produced) >= max_tokens or (stop_at_eos and tok == self.eos) or cancel():
@@ -317,11 +321,10 @@ class Engine:
                 if decoded:
                     self.pc.evaluated(decoded)
                 stats = self.pc.close()
+        forward_s, bookkeeping_s = times()
         self.copies_s += pagein
         text = self.tokenizer.decode(produced) if produced else ""
         total = time.perf_counter() - t0
-        forward_s = fwd - (self.copies_s - copies0 - pagein)     # before_write runs inside fwd
-        bookkeeping_s = self.pc.bookkeeping_s - book0 + self.copies_s - copies0
         ttft_forward_s, ttft_bookkeeping_s = ttft_split or (forward_s, bookkeeping_s)   # no token: all of it
         return Result(tokens=produced, text=text, stats=stats, first_logits=first_logits, cancelled=cancelled,
                       prompt_tokens=len(tokens), ttft_s=ttft or total, total_s=total, forward_s=forward_s,

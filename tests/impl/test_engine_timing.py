@@ -9,12 +9,11 @@ import pytest
 
 import impl.engine as engine_module
 from impl.engine import Engine
-from impl.models import load
 
 
 @pytest.fixture(scope="module")
-def hybrid():
-    return load("qwen3next")
+def hybrid(models):
+    return models["qwen3next"]
 
 
 def slowed(monkeypatch, e: Engine, forward_s: float, begin_s: float) -> list:
