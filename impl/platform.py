@@ -23,7 +23,10 @@ unchanged); docs/engine.md, "The allocator's deferred frees".
 ``Cooperlake`` (it prints "Core not found" and takes the first set the CPU's instructions allow, which
 need not be the set it picks unasked), so a cell is named by ``openblas_core()``, the kernel set the
 loaded library runs, and ``coretype_mismatch(env)`` says when the two differ (docs/platform.md,
-"Which kernels run").
+"Which kernels run"). Debian's 0.3.21 runs a set it is asked for without checking the CPU: on an
+AVX2-only CPU ``OPENBLAS_CORETYPE=SkylakeX`` is in force and the first matmul stops the process with
+an illegal instruction (SIGILL). ``kernels_unsupported()`` says so from the CPU's flags, and every
+entry point stops with that message first (``reexec_with_openblas``, ``apply_device_env``).
 
 ``PREFIX_TRIE_DEVICE=cpu|gpu`` picks MLX's default device for the suite, the fuzz campaign and runner
 processes (``apply_device_env()``): a GPU machine's CPU backend is a cell of docs/platform.md's matrix.
@@ -64,6 +67,7 @@ def settle_allocator() -> None:
 
 def apply_device_env() -> None:
     """Make ``$PREFIX_TRIE_DEVICE`` (cpu or gpu) MLX's default device; unset: MLX's own default."""
+    require_supported_kernels()
     name = os.environ.get("PREFIX_TRIE_DEVICE", "").strip().lower()
     if not name:
         return
@@ -121,6 +125,7 @@ def reexec_with_openblas(module: str, guard: str, one_thread: bool = True) -> No
     once: the environment variable ``guard`` marks the re-executed process. Returns when there is
     nothing to do (no OpenBLAS, or already preloaded: whoever preloaded it chose the settings)."""
     if not openblas_available() or preloaded(os.environ) or os.environ.get(guard):
+        require_supported_kernels()
         return
     env = preload_env(os.environ) if one_thread else platform_env(os.environ)
     env[guard] = "1"
@@ -154,6 +159,52 @@ def coretype_mismatch(env: Mapping[str, str]) -> str | None:
         return None
     return (f"OPENBLAS_CORETYPE={asked} is not in force: the loaded OpenBLAS runs its {core} kernels "
             f"(docs/platform.md, \"Which kernels run\")")
+
+
+# The instructions (Linux /proc/cpuinfo flag names) each of OpenBLAS's x86-64 kernel sets executes
+# ("pni" is SSE3). A set not listed is not checked.
+_AVX512 = frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
+KERNEL_NEEDS = {
+    "Prescott": frozenset({"pni"}), "Core2": frozenset({"ssse3"}), "Nehalem": frozenset({"sse4_2"}),
+    "Sandybridge": frozenset({"avx"}), "Haswell": frozenset({"avx2", "fma"}), "Zen": frozenset({"avx2", "fma"}),
+    "SkylakeX": _AVX512, "Cooperlake": _AVX512 | {"avx512_bf16"},
+}
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset | None:
+    """The first CPU's instruction flags, or None where they cannot be read (not Linux)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
+def kernels_unsupported(core: str | None = None, flags: frozenset | None = None,
+                        env: Mapping[str, str] = os.environ) -> str | None:
+    """What to tell a user whose loaded OpenBLAS runs kernels this CPU cannot execute (the first
+    matmul would die with SIGILL); None when it can, or when the set or the flags are unknown."""
+    core = openblas_core() if core is None else core
+    flags = cpu_flags() if flags is None else flags
+    need = KERNEL_NEEDS.get(core or "")
+    if need is None or flags is None or need <= flags:
+        return None
+    runnable = ", ".join(k for k, v in KERNEL_NEEDS.items() if v <= flags) or "none known"
+    asked = env.get("OPENBLAS_CORETYPE")
+    return (f"OpenBLAS runs its {core} kernels" + (f" (OPENBLAS_CORETYPE={asked})" if asked is not None else "")
+            + f", which need {', '.join(sorted(need - flags))}: this CPU lacks them, so the first matmul "
+            f"would stop the process with an illegal instruction. Unset OPENBLAS_CORETYPE or ask for a "
+            f"set this CPU runs ({runnable}); docs/platform.md, \"Which kernels run\"")
+
+
+def require_supported_kernels() -> None:
+    """Stop with ``kernels_unsupported()``'s message, before any matmul, where it has one."""
+    why = kernels_unsupported()
+    if why:
+        raise SystemExit(why)
 
 
 def platform_line(env: Mapping[str, str] = os.environ) -> str:

@@ -158,3 +158,43 @@ def test_platform_line_names_the_kernels_and_a_request_not_in_force():
     assert "not in force" not in platform.platform_line({"OPENBLAS_CORETYPE": core})
     asked = platform.platform_line({"OPENBLAS_CORETYPE": "NoSuchCore"})
     assert "OPENBLAS_CORETYPE=NoSuchCore is not in force" in asked and f"runs its {core} kernels" in asked
+
+
+AVX2_ONLY = frozenset({"pni", "ssse3", "sse4_2", "avx", "avx2", "fma"})      # an AMD EPYC family 25 (Zen 3)
+
+
+def test_kernels_the_cpu_lacks_are_named_with_the_sets_it_runs():
+    """Debian's OpenBLAS runs a forced SkylakeX on an AVX2-only CPU and dies at the first matmul
+    (SIGILL, measured on an AMD EPYC family 25): the message names the missing instructions and the
+    sets that would run; nothing is said where the CPU has them, or where the set or flags are unknown."""
+    why = platform.kernels_unsupported("SkylakeX", AVX2_ONLY, env={"OPENBLAS_CORETYPE": "SkylakeX"})
+    assert why.startswith("OpenBLAS runs its SkylakeX kernels (OPENBLAS_CORETYPE=SkylakeX), which need avx512bw")
+    assert "avx512f" in why and "illegal instruction" in why and "Haswell, Zen" in why
+    assert "avx512_bf16" in platform.kernels_unsupported("Cooperlake", AVX2_ONLY | platform._AVX512, env={})
+    assert platform.kernels_unsupported("SkylakeX", AVX2_ONLY | platform._AVX512, env={}) is None
+    assert platform.kernels_unsupported("Zen", AVX2_ONLY, env={}) is None
+    assert platform.kernels_unsupported("NoSuchCore", AVX2_ONLY, env={}) is None
+    assert platform.kernels_unsupported("Haswell", frozenset({"pni"}), env={}).endswith(
+        'set this CPU runs (Prescott); docs/platform.md, "Which kernels run"')
+
+
+def test_every_entry_point_stops_before_a_matmul_on_kernels_the_cpu_lacks(monkeypatch):
+    monkeypatch.setattr(platform, "openblas_core", lambda: "SkylakeX")
+    monkeypatch.setattr(platform, "cpu_flags", lambda: AVX2_ONLY)
+    monkeypatch.setenv("PREFIX_TRIE_DEVICE", "")
+    with pytest.raises(SystemExit, match="needs? avx512bw"):
+        platform.apply_device_env()                     # conftest, fuzz, the runners
+    monkeypatch.setenv("SOME_GUARD", "1")
+    with pytest.raises(SystemExit, match="illegal instruction"):
+        platform.reexec_with_openblas("fuzz", guard="SOME_GUARD")    # bench, serve, the CLI, fuzz
+    monkeypatch.setattr(platform, "cpu_flags", lambda: AVX2_ONLY | platform._AVX512)
+    platform.apply_device_env()
+    platform.reexec_with_openblas("fuzz", guard="SOME_GUARD")
+
+
+def test_cpu_flags_reads_the_first_flags_line(tmp_path):
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse pni avx2 fma\n\n"
+                 "processor\t: 1\nflags\t\t: fpu\n")
+    assert platform.cpu_flags(str(f)) == {"fpu", "sse", "pni", "avx2", "fma"}
+    assert platform.cpu_flags(str(tmp_path / "absent")) is None
