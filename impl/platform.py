@@ -66,7 +66,8 @@ def settle_allocator() -> None:
 
 
 def apply_device_env() -> None:
-    """Make ``$PREFIX_TRIE_DEVICE`` (cpu or gpu) MLX's default device; unset: MLX's own default."""
+    """Make ``$PREFIX_TRIE_DEVICE`` (cpu or gpu) MLX's default device; unset: MLX's own default. Stops
+    first where the OpenBLAS kernels in force need instructions this CPU lacks."""
     require_supported_kernels()
     name = os.environ.get("PREFIX_TRIE_DEVICE", "").strip().lower()
     if not name:
@@ -196,8 +197,8 @@ def kernels_unsupported(core: str | None = None, flags: frozenset | None = None,
     asked = env.get("OPENBLAS_CORETYPE")
     return (f"OpenBLAS runs its {core} kernels" + (f" (OPENBLAS_CORETYPE={asked})" if asked is not None else "")
             + f", which need {', '.join(sorted(need - flags))}: this CPU lacks them, so the first matmul "
-            f"would stop the process with an illegal instruction. Unset OPENBLAS_CORETYPE or ask for a "
-            f"set this CPU runs ({runnable}); docs/platform.md, \"Which kernels run\"")
+            f"would stop the process with an illegal instruction. " + ("Unset OPENBLAS_CORETYPE or ask" if asked
+            is not None else "Ask") + f" for a set this CPU runs ({runnable}); docs/platform.md, \"Which kernels run\"")
 
 
 def require_supported_kernels() -> None:

@@ -174,8 +174,9 @@ def test_kernels_the_cpu_lacks_are_named_with_the_sets_it_runs():
     assert platform.kernels_unsupported("SkylakeX", AVX2_ONLY | platform._AVX512, env={}) is None
     assert platform.kernels_unsupported("Zen", AVX2_ONLY, env={}) is None
     assert platform.kernels_unsupported("NoSuchCore", AVX2_ONLY, env={}) is None
-    assert platform.kernels_unsupported("Haswell", frozenset({"pni"}), env={}).endswith(
-        'set this CPU runs (Prescott); docs/platform.md, "Which kernels run"')
+    unasked = platform.kernels_unsupported("Haswell", frozenset({"pni"}), env={})
+    assert unasked.startswith("OpenBLAS runs its Haswell kernels, which need avx2, fma")
+    assert unasked.endswith('Ask for a set this CPU runs (Prescott); docs/platform.md, "Which kernels run"')
 
 
 def test_every_entry_point_stops_before_a_matmul_on_kernels_the_cpu_lacks(monkeypatch):
