@@ -2,7 +2,10 @@
 (workload, model, budget), as `python -m bench` measures it (bench/suite.py run_case), the median of
 `--repeat` runs after one warm-up run. `--split`: also where ours' bookkeeping went, per row, with
 bench/pagein_split.py's timers (the prefix cache's verbs, eviction inside them, the copies before a
-write, the page-in's evaluation), in ms a request over the repeated runs.
+write, the page-in's evaluation), in ms a request over the repeated runs; `copies` sums the parts that
+move the resumed state's rows (the restore inside `begin`, `before_write`, the page-in's evaluation),
+`rest` is the bookkeeping less them (matching, captures, merges, eviction, page-out), and a second
+table gives both as shares of the forward.
 
 On the 2-core CPU this ratio moves by +-50 % between runs made hours apart, more than most changes do:
 compare two versions of the code with this script, alternating runs of the two on one machine within
@@ -18,7 +21,8 @@ import statistics
 from contextlib import nullcontext
 
 PARTS = ("begin", "before_write", "pagein_eval", "prefilled", "close", "evaluated", "chunk_at")   # the sum
-OF_WHICH = ("evict",)                                                     # timed inside begin, prefilled, close
+OF_WHICH = ("evict", "restore")              # timed inside begin, prefilled, close; the restore inside begin
+COPIES = ("restore", "before_write", "pagein_eval")   # moving the resumed state's rows: the page-in and its copies
 
 
 def measure(model: str, workloads: list, repeat: int, split: bool = False, scale: str = "full") -> list:
@@ -59,7 +63,9 @@ def split_of(records: list) -> dict:
         return {}
     per = {k: 1e3 * sum(r.get(k, 0.0) for r in records) / len(records) for k in PARTS + OF_WHICH}
     total = 1e3 * sum(r["bookkeeping_s"] for r in records) / len(records)
+    copies = sum(per[k] for k in COPIES)
     return {**per, "other": total - sum(per[k] for k in PARTS), "bookkeeping": total,
+            "copies": copies, "rest": total - copies,
             "forward": 1e3 * sum(r["forward_s"] for r in records) / len(records), "requests": len(records),
             "evictions": sum(r["evictions"] for r in records) / len(records)}
 
@@ -78,13 +84,19 @@ def main(argv=None) -> None:
     for w, model, budget, med, runs, _ in rows:
         print(f"| {w} | {model} | {budget} | {med:.2f}% | {', '.join(f'{x:.2f}' for x in runs)} |")
     if a.split:
-        cols = PARTS + ("other", "bookkeeping") + OF_WHICH + ("forward", "evictions")
+        cols = PARTS + ("other", "bookkeeping") + OF_WHICH + ("copies", "rest", "forward", "evictions")
         print("\nms a request (every run's requests; evictions a request):\n\n| workload | model | budget | requests | "
               + " | ".join(f"of which {c}" if c in OF_WHICH else c for c in cols) + " |")
         print("|---|---|---|---|" + "---|" * len(cols))
         for w, model, budget, _, _, sp in rows:
             print(f"| {w} | {model} | {budget} | {sp.get('requests', 0)} | "
                   + " | ".join(f"{sp.get(c, 0.0):.3f}" for c in cols) + " |")
+        print("\nShares of the forward (every run's requests):\n\n| workload | model | budget | bookkeeping | copies | rest |")
+        print("|---|---|---|---|---|---|")
+        for w, model, budget, _, _, sp in rows:
+            print(f"| {w} | {model} | {budget} | " + " | ".join(
+                f"{100 * sp.get(c, 0.0) / sp['forward']:.2f}%" if sp.get("forward") else "-"
+                for c in ("bookkeeping", "copies", "rest")) + " |")
 
 
 if __name__ == "__main__":

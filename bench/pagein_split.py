@@ -2,7 +2,8 @@
 
   python -m bench.pagein_split [--apart] [--stream-copies] [--runs-experiment] [--json FILE] -- BENCH.SCALE ARGS
       bench.scale's run with timers around the prefix cache's verbs (begin, close, prefilled, evaluated,
-      chunk_at; and eviction, which runs inside begin, prefilled and close), the engine's before_write
+      chunk_at; and eviction, which runs inside begin, prefilled and close, and the restore inside begin:
+      the copies out of the views it overwrites and the writes of the resumed rows), the engine's before_write
       (the copies of the views a write overwrites: built for the first chunk, taken over for later
       ones), the page-in's one evaluation (with the count and bytes of
       the arrays it evaluates, and how many of those bytes MLX's allocator took from its pool of freed
@@ -35,7 +36,7 @@ from contextlib import contextmanager
 import mlx.core as mx
 
 VERBS = ("begin", "close", "prefilled", "evaluated", "chunk_at")     # chunk_at: every next_chunk, and the engine's look ahead
-INNER = ("_evict",)            # timed inside the verbs above (begin, prefilled and close evict): "of which"
+INNER = ("_evict", "_restore")  # timed inside the verbs above (begin, prefilled and close evict; begin restores): "of which"
 
 
 @contextmanager
@@ -149,11 +150,11 @@ def _materialise_runs(views) -> None:
 COLUMNS = ("resumed", "new_tokens", "bookkeeping_s", "pagein_eval", "pagein_arrays", "pagein_bytes",
            "pagein_pool_bytes", "pagein_fresh_bytes", "begin",
            "before_write", "ahead_arrays", "ahead_bytes", "prefilled", "close", "evaluated", "chunk_at", "evict",
-           "forward_s")
+           "restore", "forward_s")
 
 
 def _cell(k: str, v: float) -> str:
-    if k.endswith("_s") or k in VERBS + ("pagein_eval", "before_write", "evict"):
+    if k.endswith("_s") or k in VERBS + ("pagein_eval", "before_write", "evict", "restore"):
         return f"{v * 1e3:.2f} ms"
     return f"{v / 1e6:.1f} MB" if k.endswith("_bytes") else f"{int(v)}"
 

@@ -337,9 +337,9 @@ def test_bookkeeping_split_accounts_for_each_rows_figure():
     from bench import bookkeeping
     from impl.prefix_cache import PrefixCache
 
-    evict, begin = PrefixCache._evict, PrefixCache.begin
+    evict, begin, restore = PrefixCache._evict, PrefixCache.begin, PrefixCache._restore
     rows = bookkeeping.measure("qwen3next", ["chat"], 1, split=True, scale="quick")
-    assert PrefixCache._evict is evict and PrefixCache.begin is begin
+    assert PrefixCache._evict is evict and PrefixCache.begin is begin and PrefixCache._restore is restore
     assert [(w, b) for w, _, b, *_ in rows] == [("chat", "ample"), ("chat", "tight")]
     for _, _, budget, median, runs, sp in rows:
         assert median == runs[0] > 0
@@ -349,6 +349,9 @@ def test_bookkeeping_split_accounts_for_each_rows_figure():
         assert sp["begin"] > 0 and sp["close"] > 0 and sp["prefilled"] > 0
         assert sp["evict"] > 0                            # (the budget test runs on every verb)
         assert (sp["evictions"] > 0) == (budget == "tight"), (budget, sp)
+        assert 0 < sp["restore"] < sp["begin"]            # chat switches conversations: begin restores
+        assert sp["copies"] == pytest.approx(sp["restore"] + sp["before_write"] + sp["pagein_eval"])
+        assert sp["rest"] == pytest.approx(sp["bookkeeping"] - sp["copies"]) and sp["rest"] > 0
     assert bookkeeping.split_of([]) == {}
 
 
