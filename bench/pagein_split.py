@@ -167,6 +167,21 @@ def table(records: list) -> str:
     return "\n".join(rows)
 
 
+COPIES = ("restore", "before_write", "pagein_eval")   # the parts that move the resumed state's rows
+
+
+def shares(records: list) -> str:
+    """One line: the bookkeeping summed over the records, split into the copies that move the resumed
+    state's rows (COPIES) and the rest (matching, captures, merges, eviction, page-out), in ms and as
+    shares of the forwards (bench.bookkeeping --split's split, docs/benchmarks.md)."""
+    book, fwd = sum(r["bookkeeping_s"] for r in records), sum(r["forward_s"] for r in records)
+    moved = sum(r.get(k, 0.0) for r in records for k in COPIES)
+    pct = (lambda x: f"{100 * x / fwd:.2f} %") if fwd else (lambda x: "-")
+    return (f"bookkeeping {book * 1e3:.1f} ms ({pct(book)} of the forwards' {fwd * 1e3:.1f} ms) = copies "
+            f"{moved * 1e3:.1f} ms ({pct(moved)}: restore, before_write, the page-in's evaluation) + the rest "
+            f"{(book - moved) * 1e3:.1f} ms ({pct(book - moved)})")
+
+
 def copies() -> None:
     bufs = [mx.random.normal((1, 4, 8192, 128)) for _ in range(48)]
     mx.eval(bufs)
@@ -220,7 +235,8 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(records, f, indent=1)
-    print(table([r for r in records if r["engine"] == records[-1]["engine"]]) if records else "no request of ours")
+    mine = [r for r in records if r["engine"] == records[-1]["engine"]] if records else []
+    print(table(mine) + "\n\n" + shares(mine) if mine else "no request of ours")
     return rc
 
 

@@ -326,6 +326,10 @@ def test_pagein_split_smoke(tmp_path, monkeypatch):
     assert all(x["pagein_arrays"] <= r["pagein_arrays"] for x, r in zip(got[True], base))
     assert sum(x["pagein_arrays"] for x in got[True]) < sum(r["pagein_arrays"] for r in base)
     assert "| **sum** " in pagein_split.table(base)
+    book, moved = (sum(r.get(k, 0.0) for r in base for k in keys) for keys in (("bookkeeping_s",), pagein_split.COPIES))
+    assert 0 < moved < book and sum(r["restore"] for r in base) > 0
+    assert pagein_split.shares(base).startswith(f"bookkeeping {book * 1e3:.1f} ms (")
+    assert f"+ the rest {(book - moved) * 1e3:.1f} ms (" in pagein_split.shares(base)
 
 
 def test_bookkeeping_split_accounts_for_each_rows_figure():
