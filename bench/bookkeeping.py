@@ -20,9 +20,10 @@ import argparse
 import statistics
 from contextlib import nullcontext
 
+from bench.pagein_split import COPIES        # the parts that move the resumed state's rows
+
 PARTS = ("begin", "before_write", "pagein_eval", "prefilled", "close", "evaluated", "chunk_at")   # the sum
 OF_WHICH = ("evict", "restore")              # timed inside begin, prefilled, close; the restore inside begin
-COPIES = ("restore", "before_write", "pagein_eval")   # moving the resumed state's rows: the page-in and its copies
 
 
 def measure(model: str, workloads: list, repeat: int, split: bool = False, scale: str = "full") -> list:
