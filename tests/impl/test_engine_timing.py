@@ -52,7 +52,7 @@ def test_the_first_tokens_time_splits_into_its_forwards_its_bookkeeping_and_the_
     assert 0.2 <= r.ttft_bookkeeping_s < r.bookkeeping_s                  # close comes after the token
     other = r.ttft_s - r.ttft_forward_s - r.ttft_bookkeeping_s
     assert 0 <= other < 0.06, (r.ttft_s, r.ttft_forward_s, r.ttft_bookkeeping_s)   # no slowed part in it
-    assert r.ttft_forward_s < 0.08 * n[0] + 0.2                            # the slow begin is not a forward's
+    assert r.ttft_forward_s <= r.ttft_s - 0.2      # the slow begin lies outside the forwards (whatever they take)
 
 
 def test_decode_steps_after_the_first_token_are_not_in_its_split(hybrid, monkeypatch):
