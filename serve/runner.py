@@ -11,7 +11,8 @@ Diagnostics go to stderr.
 
 Endpoints (JSON; errors are {"error": message} with a 4xx/5xx status):
     GET  /health     {"status": "loading"|"ok", "model", "pid"}
-    GET  /memory     weights, live caches, paged-out, MLX active/cache/peak, process RSS
+    GET  /memory     weights, live caches, paged-out, MLX active/cache/peak, process RSS, and the
+                     full GC passes run at idle or past the backstop ("gc": serve/collector.py)
     GET  /trie       the engine's trie dump as text (?format=json: engine.dump_json())
     POST /generate   {"prompt": [ids] | [{"role", "content"}...] | "raw text", "max_tokens": N,
                       "stream": bool, "options": {"temperature", "seed", "stop"}, "boundaries": [int]}
@@ -57,6 +58,7 @@ from urllib.parse import parse_qs, urlparse
 
 from impl.platform import apply_device_env
 from serve import budget as budgets
+from serve.collector import IdleCollector
 from serve.decoding import StopMatcher, TextStream, make_sampler
 from serve.engines import engine_arg, load_engine, mlx_figures
 from serve.httpio import MAX_BODY_BYTES, BadRequest, JSONHandler, is_loopback, validate_generate
@@ -96,6 +98,7 @@ class RunnerState:
         self.engine_lock = threading.Lock()      # one request at a time; /memory waits 0.2 s for it
         self.last_engine_memory: dict = {}
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self.collector = IdleCollector()          # full GC passes between calls, at idle (serve/collector.py)
 
     def on_engine(self, fn):
         """Run ``fn()`` on the main thread and return its result (its exception is raised here)."""
@@ -106,13 +109,21 @@ class RunnerState:
         return done.result()
 
     def serve_engine(self) -> None:
-        """The main thread's loop once the engine is loaded: make each handed call in turn."""
+        """The main thread's loop once the engine is loaded: make each handed call in turn. Python's
+        full collections run here only, never inside a call: when no call has come for the collector's
+        quiet time, or between calls past its backstop (serve/collector.py)."""
+        self.collector.install()
         while True:
-            fn, done = self._calls.get()
+            try:
+                fn, done = self._calls.get(timeout=self.collector.quiet_s)
+            except queue.Empty:
+                self.collector.idle()
+                fn, done = self._calls.get()
             try:
                 done.set_result(fn())
             except Exception as e:
                 done.set_exception(e)
+            self.collector.after_call()
 
     def memory(self) -> dict:
         out: dict = {"model": self.args.model, "pid": os.getpid(), "status": self.status}
@@ -133,6 +144,7 @@ class RunnerState:
         if "weights" not in out and "weight_bytes" in self.info:
             out["weights"] = self.info["weight_bytes"]
         out.update(mlx_figures())
+        out["gc"] = self.collector.stats()
         out["pool_released_bytes"] = self.info.get("pool_released_bytes", 0)
         try:
             import psutil

@@ -79,6 +79,18 @@ def test_one_thread_makes_every_engine_call(fake):
     assert threads == ["MainThread"], threads
 
 
+def test_full_collections_wait_for_idle_moments(fake):
+    """Python starts no full collection by itself in a runner (serve/collector.py): /memory reports
+    generation 2's threshold out of reach once the engine is loaded."""
+    from serve.collector import OUT_OF_REACH
+
+    c = fake("fake-a")
+    c.load()
+    c.generate([5, 6, 7], 2)
+    g = c.memory()["gc"]
+    assert g["installed"] and g["thresholds"][2] == OUT_OF_REACH, g
+
+
 def test_streaming_delivers_tokens_before_the_end(fake):
     c = fake("fake-a", "--fake-token-delay", "0.05")
     c.load()
