@@ -141,9 +141,10 @@ def gap_parts(ours_row: dict, limit_s: float) -> dict:
             "gap_bookkeeping_s": bk, "gap_other_s": ours_row["ttft_s"] - fwd - bk}
 
 
-def measure(lm, ours: dict, prompts: list, *, chunk: int, warm_prompt=None) -> dict:
+def measure(lm, ours: dict, prompts: list, *, chunk: int, warm_prompt=None, between=None) -> dict:
     """The limit of every request in ``ours`` (bench.scale's measure() result for the ours runner, whose
-    rows carry ``resumed``, ``chunks`` and ``first``); ``prompts``: the prompts ours served, in order.
+    rows carry ``resumed``, ``chunks`` and ``first``); ``prompts``: the prompts ours served, in order;
+    ``between()`` runs after each request, as bench.scale's serve() does for ours.
     Adds ``ttft_over_limit`` to ``ours`` and returns the limit runner's own result."""
     if len(prompts) != len(ours["rows"]):
         raise ValueError(f"{len(prompts)} prompts for {len(ours['rows'])} requests of ours")
@@ -154,6 +155,8 @@ def measure(lm, ours: dict, prompts: list, *, chunk: int, warm_prompt=None) -> d
     rows, t0 = [], time.perf_counter()
     for prompt, o in zip(prompts, ours["rows"]):
         x = runner.run(prompt, o["resumed"], o["chunks"])
+        if between is not None:
+            between()
         rows.append({"conv": o["conv"], "turn": o["turn"], "prompt": o["prompt"], "resumed": o["resumed"],
                      "prefilled": o["prefilled"], "ttft_s": x["ttft_s"], "prep_s": x["prep_s"],
                      "ttft_ours_s": o["ttft_s"], "ratio": o["ttft_s"] / x["ttft_s"],

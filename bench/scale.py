@@ -23,11 +23,14 @@ engine takes them. Runners (bench/runners.py, bench/limit.py, bench/server_lru.p
 Each runner first serves one warm-up request on a throw-away instance (kernel compilation excluded),
 then the workload on a fresh instance after mx.reset_peak_memory(). Per runner: requests, prefilled
 tokens, TTFT (sum / median / max), peak MLX memory (and above the weights), bytes held at the end.
+Python's full collections run as in a runner (serve/collector.py): never inside a request, only
+between two (every runner alike); the model's objects are frozen after the load, as impl.models.load's.
 Writes DIR/scale-<arch>-<size>-<context>.json and .md; split long runs with --runner.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -122,9 +125,10 @@ def workload(context: int, conversations: int = 3, turns: int = 3, answer: int =
     return system, users, answer
 
 
-def serve(runner, system, users, answer, prompts: list | None = None) -> list:
+def serve(runner, system, users, answer, prompts: list | None = None, between=None) -> list:
     """Turn-major over the conversations; each conversation carries its own answers. ``prompts``, when
-    given, receives every prompt served (the limit runner replays ours')."""
+    given, receives every prompt served (the limit runner replays ours'); ``between()`` runs after each
+    request (a runner's idle moment: serve/collector.py)."""
     history = [list(system) for _ in users]
     bounds = [[len(system)] for _ in users]
     rows = []
@@ -142,6 +146,8 @@ def serve(runner, system, users, answer, prompts: list | None = None) -> list:
                 prompts.append(prompt)
             history[c] = prompt + list(out.tokens)
             bounds[c] = b + [len(history[c])]
+            if between is not None:
+                between()
     return rows
 
 
@@ -156,7 +162,7 @@ def make_runner(kind: str, lm, args):
     return NoCache(lm, chunk=args.chunk)
 
 
-def measure(kind: str, lm, args, plan, prompts: list | None = None) -> dict:
+def measure(kind: str, lm, args, plan, prompts: list | None = None, between=None) -> dict:
     system, users, answer = plan
     warm = make_runner(kind, lm, args)
     rng = np.random.default_rng(99)
@@ -166,7 +172,7 @@ def measure(kind: str, lm, args, plan, prompts: list | None = None) -> dict:
     runner = make_runner(kind, lm, args)
     mx.reset_peak_memory()
     t0 = time.perf_counter()
-    rows = serve(runner, system, users, answer, prompts)
+    rows = serve(runner, system, users, answer, prompts, between)
     wall = time.perf_counter() - t0
     peak, held = mx.get_peak_memory(), runner.held()
     runner.close()
@@ -244,33 +250,40 @@ def main(argv=None) -> int:
         a.size, a.context, a.chunk, a.interval = "smoke", "smoke", 64, 128
     from bench import limit
     from fuzz.calibrate import device_key
+    from serve.collector import IdleCollector
 
     a.report.mkdir(parents=True, exist_ok=True)
     for arch in a.arch or sorted(BASE):
         t0 = time.perf_counter()
         lm = build(arch, a.size, a.dtype, a.layers)
         load_s = time.perf_counter() - t0
+        gc.collect()
+        gc.freeze()                  # the model's objects live as long as it (impl.models.load does the same)
         plan = workload(CONTEXTS[a.context], a.conversations, a.turns)
         rep = {"arch": arch, "size": a.size, "layers": a.layers, "dtype": a.dtype, "params": lm.n_params,
                "context": a.context,
                "device": device_key(), "conversations": a.conversations, "turns": a.turns,
                "system": len(plan[0]), "chunk": a.chunk, "load_s": round(load_s, 1), "runners": []}
-        ours, prompts = None, []
-        for kind in runner_order(a.runner):
-            if kind == "limit":
-                warm = np.random.default_rng(98).integers(1000, VOCAB, min(len(plan[0]), 2 * a.chunk + 7))
-                r = limit.measure(lm, ours, prompts, chunk=a.chunk, warm_prompt=warm.tolist())
-            else:
-                r = measure(kind, lm, a, plan, prompts if kind == "ours" else None)
-                ours = r if kind == "ours" else ours
-            rep["runners"].append(r)
-            print(f"{arch} {a.size} {a.context} {kind:6s}: prefilled {r['prefilled']:6d}  TTFT sum "
-                  f"{r['ttft_sum_s']:.2f}s median {r['ttft_median_s']:.3f}s", end="", flush=True)
-            if kind == "limit":
-                x = r["ttft_over_limit"]
-                print(f"  ours/limit median {x['median']:.3f} p90 {x['p90']:.3f} max {x['max']:.3f}", flush=True)
-            else:
-                print(f"  peak {r['peak_bytes'] / 2**30:.2f} GiB  held {r['held_bytes'] / 2**30:.3f} GiB", flush=True)
+        ours, prompts, collector = None, [], IdleCollector().install()
+        try:
+            for kind in runner_order(a.runner):
+                if kind == "limit":
+                    warm = np.random.default_rng(98).integers(1000, VOCAB, min(len(plan[0]), 2 * a.chunk + 7))
+                    r = limit.measure(lm, ours, prompts, chunk=a.chunk, warm_prompt=warm.tolist(), between=collector.idle)
+                else:
+                    r = measure(kind, lm, a, plan, prompts if kind == "ours" else None, collector.idle)
+                    ours = r if kind == "ours" else ours
+                rep["runners"].append(r)
+                print(f"{arch} {a.size} {a.context} {kind:6s}: prefilled {r['prefilled']:6d}  TTFT sum "
+                      f"{r['ttft_sum_s']:.2f}s median {r['ttft_median_s']:.3f}s", end="", flush=True)
+                if kind == "limit":
+                    x = r["ttft_over_limit"]
+                    print(f"  ours/limit median {x['median']:.3f} p90 {x['p90']:.3f} max {x['max']:.3f}", flush=True)
+                else:
+                    print(f"  peak {r['peak_bytes'] / 2**30:.2f} GiB  held {r['held_bytes'] / 2**30:.3f} GiB", flush=True)
+        finally:
+            collector.uninstall()
+        rep["gc"] = collector.stats()        # full collections run between requests (none inside one)
         stem = str(a.report / f"scale-{arch}-{size_label(a.size, a.layers)}-{a.context}") + ("-" + "-".join(a.runner) if a.runner else "")
         Path(f"{stem}.json").write_text(json.dumps(rep, indent=1))
         Path(f"{stem}.md").write_text(markdown(rep))
