@@ -11,7 +11,9 @@ _compact.
 The E3 order is kept incrementally (`EvictionOrder`), so that choosing a victim costs O(log n)
 amortised, not a walk over the trie's n nodes; the budget test reads the trie's byte counter, which
 the snapshot hooks keep (impl/trie.py, A1). Under `check=True` every victim is compared with the
-walk's (impl.invariants.walked_victim), which is the order's definition.
+walk's (impl.invariants.walked_victim), which is the order's definition. The nodes changed while no
+eviction runs (a trie growing under its budget) are read in steps of at most `BACKLOG`, at the verbs'
+eviction points, so that the first eviction after a long quiet period does not read them all at once.
 """
 from __future__ import annotations
 
@@ -83,6 +85,8 @@ class EvictionOrder:
 
 
 class Eviction:
+    BACKLOG = 1024          # changed nodes the order may owe before an eviction point reads them
+
     def evictable(self, n: Node) -> bool:
         """E2: all but the root, the frontier and branch points."""
         return n is not self.root and n is not self.frontier and len(n.children) < 2
@@ -96,6 +100,8 @@ class Eviction:
         return self.order.first(self)
 
     def _evict(self) -> None:
+        if len(self.order.changed) > self.BACKLOG:
+            self.order._update(self)                         # the order's debt stays bounded (see above)
         while self.trie.counter > self.budget:
             v = self._victim()
             if self.check:
