@@ -382,39 +382,3 @@ def test_scale_layers_and_pagein_split_stream_copies(tmp_path):
     assert sum(r["pagein_arrays"] for r in resumed) > 0
     assert next(tmp_path.glob("scale-llama-smoke-6layers-smoke-ours.json"))
 
-
-def test_scale_runs_full_collections_between_requests_only(tmp_path):
-    """bench.scale times requests as a runner serves them (serve/collector.py): with Python's thresholds
-    lowered so that full collections come every few requests, none starts inside ours' Engine.generate
-    or the limit's timed forwards, and some run between requests; the thresholds are restored."""
-    import gc
-    import json
-    import sys
-
-    from bench import scale
-
-    inside = []
-
-    def note(phase, info):
-        if phase != "start" or info["generation"] != 2:
-            return
-        f = sys._getframe()
-        while f is not None:
-            if (f.f_code.co_name, f.f_code.co_filename.rsplit("/", 1)[-1]) in {("generate", "engine.py"),
-                                                                                 ("time", "limit.py")}:
-                inside.append(f.f_code.co_name)
-            f = f.f_back
-
-    saved = gc.get_threshold()
-    gc.set_threshold(50, 2, 2)
-    gc.callbacks.append(note)
-    try:
-        assert scale.main(["--smoke", "--arch", "llama", "--runner", "ours", "--runner", "limit",
-                           "--conversations", "2", "--turns", "2", "--report", str(tmp_path)]) == 0
-        assert gc.get_threshold() == (50, 2, 2), "bench.scale left the collector installed"
-    finally:
-        gc.callbacks.remove(note)
-        gc.set_threshold(*saved)
-    rep = json.loads((tmp_path / "scale-llama-smoke-smoke-ours-limit.json").read_text())
-    assert inside == [], f"full collections started inside timed requests: {inside}"
-    assert rep["gc"]["passes"]["idle"] > 0 and not rep["gc"]["installed"], rep["gc"]
