@@ -5,13 +5,15 @@ Many conversations on a few shared system prompts: each request is an open conve
 so that the trie fills with finished conversations (`Conversations`). The trie grows with the budget
 unbounded to each size in `--sizes`; there the budget is set to the bytes the trie holds, so that every further request evicts (E1-E4) about what it stores, and, after
 WARM_UP requests, `--requests` requests are measured at that size. (The first eviction after the
-growth reads every node changed since the last one, once: the table's "first request" column.) The figure is the prefix cache's bookkeeping per request: the
+growth reads the nodes changed since the last one that the order has not read yet, at most
+impl.eviction's BACKLOG of them: the table's "first request" column.) The figure is the prefix cache's bookkeeping per request: the
 process CPU time of a request less that of its forwards (begin, next_chunk, evaluated, attach and
 close, page-in and page-out included), and, beside it, `PrefixCache.bookkeeping_s` (wall time, which
 on a shared machine also counts the time the process waited for a core). The mean is the figure: the
 median request evicts nothing (evictions come in bursts), so the median hides a walk's cost. Python's
-automatic garbage collection is off while requests are measured, and one full collection is timed
-after them at each size (its pause grows with the heap, whatever the trie's algorithms).
+automatic garbage collection is off while requests are measured, as a runner keeps full collections
+out of requests (serve/collector.py), and one full collection is timed after them at each size (its
+pause grows with the heap, whatever the trie's algorithms; bench.gc_pauses runs them on).
 
 The model is one full-attention layer (impl's KVCache) with 1 head of 4 float16 values per row, and
 the "forward" writes zeros: snapshots are real and tiny, so the trie's own bookkeeping dominates.
@@ -130,7 +132,7 @@ def measure(sizes: list, requests: int, walk: bool, seed: int, check: bool = Fal
                 conv.answered(slot, prompt, answer)
                 done += 1
         pc.set_budget(pc.counter)
-        for k in range(WARM_UP):     # the first eviction reads every node changed while none ran (once)
+        for k in range(WARM_UP):     # the first eviction reads the order's backlog (at most Eviction.BACKLOG)
             slot, prompt, answer = conv.next()
             f0, c0 = model.cpu_s, time.process_time()
             request(pc, model, prompt, answer)
