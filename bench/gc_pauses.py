@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import subprocess
 import time
 from pathlib import Path
 
-from bench.trie_scale import WARM_UP, Conversations, Model, nodes, request
+from bench.trie_scale import WARM_UP, Conversations, Model, head, nodes, parse_sizes, request, save
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("python", "idle", "busy")
@@ -112,27 +110,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=str(ROOT / "reports" / "gc_pauses.json"), help="'' = none")
     a = ap.parse_args(argv)
-    try:
-        sizes = [int(s) for s in a.sizes.split(",")]
-    except ValueError:
-        ap.error(f"--sizes must be node counts separated by commas, got {a.sizes!r}")
-    policies = a.policies.split(",")
-    if not sizes or min(sizes) < 1:
-        ap.error(f"--sizes must be positive node counts, got {a.sizes!r}")
+    sizes, policies = parse_sizes(ap, a.sizes), a.policies.split(",")
     if a.requests < 1:
         ap.error(f"--requests must be at least 1, got {a.requests}")
     if not policies or any(p not in POLICIES for p in policies):
         ap.error(f"--policies must name some of {', '.join(POLICIES)}, got {a.policies!r}")
     t0 = time.monotonic()
     rows = [measure(s, a.requests, p, a.seed) for s in sizes for p in policies]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    result = {"seed": a.seed, "commit": commit, "seconds": time.monotonic() - t0, "rows": rows}
+    result = {"seed": a.seed, "commit": head(), "seconds": time.monotonic() - t0, "rows": rows}
     print(table(rows))
-    print(f"{result['seconds']:.0f} s, commit {commit}")
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(result, indent=1))
+    print(f"{result['seconds']:.0f} s, commit {result['commit']}")
+    save(a.json, result)
     return result
 
 

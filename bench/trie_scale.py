@@ -193,26 +193,43 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=str(ROOT / "reports" / "trie_scale.json"), help="'' = none")
     a = ap.parse_args(argv)
-    sizes = [int(s) for s in a.sizes.split(",")]
-    if not sizes or sizes != sorted(sizes) or sizes[0] < 1:
-        ap.error(f"--sizes must be positive node counts in ascending order, got {a.sizes!r}")
+    sizes = parse_sizes(ap, a.sizes)
     if a.requests < 1:
         ap.error(f"--requests must be at least 1, got {a.requests}")
     t0 = time.monotonic()
     rows = measure(sizes, a.requests, a.walk, a.seed)
     ratio = rows[-1]["cpu_us_mean"] / rows[0]["cpu_us_mean"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    commit = head()
     result = {"victims": "walk" if a.walk else "order", "seed": a.seed, "commit": commit,
               "seconds": time.monotonic() - t0, "rows": rows, "ratio_last_to_first": ratio,
               "floor": FLOOR, "floor_met": ratio <= FLOOR}
     print(table(rows))
     print(f"victims by {result['victims']}; last / first (CPU mean): {ratio:.2f}x, floor {FLOOR}x: "
           f"{'met' if result['floor_met'] else 'NOT met'}; {result['seconds']:.0f} s, commit {commit}")
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(result, indent=1))
+    save(a.json, result)
     return result
+
+
+def parse_sizes(ap, text: str) -> list:
+    """--sizes: positive node counts, ascending (an argparse error naming the flag otherwise)."""
+    try:
+        sizes = [int(s) for s in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or sizes != sorted(sizes) or sizes[0] < 1:
+        ap.error(f"--sizes must be positive node counts in ascending order, got {text!r}")
+    return sizes
+
+
+def head() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def save(path: str, result: dict) -> None:
+    """The run's figures as JSON at path ('' = none)."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ def test_victims_are_the_walks_under_check():
 
 
 @pytest.mark.parametrize("argv, message", [(["--sizes", "100,10"], "ascending"), (["--sizes", "0"], "ascending"),
-                                           (["--requests", "0"], "at least 1")])
+                                           (["--requests", "0"], "at least 1"),
+                                           (["--sizes", "100,x"], "ascending")])
 def test_bad_arguments_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit):
         trie_scale.main(argv + ["--json", ""])
