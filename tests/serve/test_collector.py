@@ -6,6 +6,7 @@ import argparse
 import gc
 import queue
 import threading
+import time
 from concurrent.futures import Future
 
 import pytest
@@ -142,7 +143,9 @@ def test_the_runner_loop_collects_between_calls_and_at_idle_only():
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     assert second.result(timeout=10) == "b"
-    t.join(0.3)                                          # the queue stays empty past the quiet time
+    deadline = time.monotonic() + 20                     # the queue stays empty past the quiet time
+    while "idle" not in log and time.monotonic() < deadline:
+        time.sleep(0.01)
     state._calls.put((stop, Future()))
     t.join(10)
     assert not t.is_alive()
