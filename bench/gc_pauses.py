@@ -1,7 +1,7 @@
 """Python's full collections against the trie's size: where their pauses land, by policy.
 
-A full collection (generation 2) visits every object Python's cyclic collector tracks, about ten a
-trie node, so its pause grows with the trie; Python starts one when its allocation counts run out,
+A full collection (generation 2) visits every object Python's cyclic collector tracks, about seven a
+trie node here (one layer), so its pause grows with the trie; Python starts one when its allocation counts run out,
 inside whatever request allocated last. ``bench.trie_scale`` measures the bookkeeping with collection
 off and times one full collection apart; this benchmark runs the same workload (its
 ``Conversations``, ``Model`` and ``request``) with collection on, under three policies:
