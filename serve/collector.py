@@ -5,8 +5,9 @@ with the trie: about seven tracked objects a node of a one-layer model (Node, it
 snapshot lists, its KV snapshot and arrays, the eviction heap's entry), more with more layers: about
 0.1 s at 10^4 nodes and 0.3 s at 10^5 on the 2-core CPU (docs/benchmarks.md, "Full collections").
 Python starts one when its allocation counts run out, wherever that happens: inside a forward, a
-page-in, a victim choice, so the pause lands in some request's TTFT. The engine's requests leave no cyclic garbage (their objects are freed by reference
-counts: tests/serve/test_collector.py), so nothing of ours needs those passes promptly.
+page-in, a victim choice, so the pause lands in some request's TTFT. The engine's requests leave no
+cyclic garbage (their objects are freed by reference counts: tests/serve/test_collector.py), so
+nothing of ours needs those passes promptly.
 
 Invariants, while installed (one process-wide policy: the runner's main thread installs it once):
 - Python never starts a full collection by itself: generation 2's threshold is out of reach.
