@@ -59,6 +59,22 @@ def test_a_disowned_snapshot_no_longer_reports_to_the_counter():
     view.release()
 
 
+def test_the_order_reads_its_backlog_at_eviction_points_and_still_picks_the_walks_victims():
+    """impl/eviction.py: the nodes changed while nothing is evicted are read into the E3 order at the
+    verbs' eviction points once more than BACKLOG of them wait, so after every request at most BACKLOG
+    wait; victims chosen afterwards are still the walk's (check=True: impl.invariants.assert_victim)."""
+    pc, tracer = cache(budget=1 << 40, near_end=0, check=True)
+    pc.BACKLOG = 3
+    for i in range(10):
+        run(pc, tracer, (1, 2, 3, 10 + i, 20 + i, 30 + i), produce=(40 + i,))
+        assert len(pc.order.changed) <= pc.BACKLOG, (i, len(pc.order.changed))
+    assert pc.evictions == 0 and len(pc.order.current) > pc.BACKLOG
+    pc.set_budget(pc.counter // 3)
+    run(pc, tracer, (1, 2, 3, 50, 51), produce=(52,))
+    assert pc.evictions > 3
+    assert_sound(pc, tracer)
+
+
 # ------------------------------------------------------------- E3 ties
 @settings(max_examples=40, deadline=None)
 @given(prompts=st.lists(st.lists(st.integers(1, 3), min_size=2, max_size=9), min_size=2, max_size=6),
