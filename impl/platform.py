@@ -195,10 +195,11 @@ def kernels_unsupported(core: str | None = None, flags: frozenset | None = None,
         return None
     runnable = ", ".join(k for k, v in KERNEL_NEEDS.items() if v <= flags) or "none known"
     asked = env.get("OPENBLAS_CORETYPE")
-    return (f"OpenBLAS runs its {core} kernels" + (f" (OPENBLAS_CORETYPE={asked})" if asked is not None else "")
-            + f", which need {', '.join(sorted(need - flags))}: this CPU lacks them, so the first matmul "
-            f"would stop the process with an illegal instruction. " + ("Unset OPENBLAS_CORETYPE or ask" if asked
-            is not None else "Ask") + f" for a set this CPU runs ({runnable}); docs/platform.md, \"Which kernels run\"")
+    running, fix = (f"{core} kernels (OPENBLAS_CORETYPE={asked})", "Unset OPENBLAS_CORETYPE or ask") if asked is not None \
+        else (f"{core} kernels", "Ask")
+    return (f"OpenBLAS runs its {running}, which need {', '.join(sorted(need - flags))}: this CPU lacks them, so "
+            f"the first matmul would stop the process with an illegal instruction. {fix} for a set this CPU runs "
+            f"({runnable}); docs/platform.md, \"Which kernels run\"")
 
 
 def require_supported_kernels() -> None:

@@ -29,21 +29,20 @@ import time
 
 class Node:
     __slots__ = ("edge", "start", "parent", "children", "snaps", "_last_used", "used_at", "user", "held",
-                 "changed", "account")
+                 "trie")
 
     def __init__(self, edge: tuple, start: int, n_layers: int, parent: "Node | None" = None, last_used: int = 0,
-                 *, changed: set, account: "Trie | None" = None):
+                 *, trie: "Trie"):
         self.edge = edge
         self.start = start
         self.parent = parent
         self.children: dict = {}          # first key -> child (T2)
         self.snaps: list = [None] * n_layers
-        self.changed = changed            # the trie's Trie.changed (every node of a trie shares it)
+        self.trie = trie                  # its trie: Trie.changed hears its key change, Trie._grew its bytes
         self.last_used = last_used        # logical clock (eviction order)
         self.used_at = time.monotonic()   # wall time, for dumps only
         self.user = False
         self.held = 0                     # owned bytes of `snaps`, kept by Trie.own/disown and the hook
-        self.account = account            # the trie whose counter its snapshots count in (the hook below)
 
     @property
     def last_used(self) -> int:
@@ -52,13 +51,13 @@ class Node:
     @last_used.setter
     def last_used(self, t: int) -> None:
         self._last_used = t
-        self.changed.add(self)            # its eviction key changed (whoever sets it: touch, merge, a test)
+        self.trie.changed.add(self)       # its eviction key changed (whoever sets it: touch, merge, a test)
 
     def __call__(self, delta: int) -> None:
         """The materialisation hook of every snapshot this node holds (Trie.own): their owned bytes
         changed by delta (A1). The node itself is the hook, so a held snapshot costs no hook object of
         its own (fewer objects for Python's full collections to visit: serve/collector.py)."""
-        self.account._grew(self, delta)
+        self.trie._grew(self, delta)
 
     @property
     def end(self) -> int:
@@ -128,7 +127,7 @@ class Trie:
     def __init__(self, caches):
         self.caches = list(caches)
         self.changed: set = set()         # nodes to re-read by the eviction order (impl/eviction.py)
-        self.root = Node((), 0, len(self.caches), changed=self.changed, account=self)
+        self.root = Node((), 0, len(self.caches), trie=self)
         self.counter = 0
 
     # --- ownership (A1, A2) ---
@@ -160,8 +159,7 @@ class Trie:
         if not node.start < at < node.end:
             raise ValueError(f"split at {at} outside ({node.start}, {node.end})")
         k = at - node.start
-        head = Node(node.edge[:k], node.start, len(self.caches), node.parent, node.last_used, changed=self.changed,
-                    account=self)
+        head = Node(node.edge[:k], node.start, len(self.caches), node.parent, node.last_used, trie=self)
         head.used_at = node.used_at
         head.children[node.edge[k]] = node
         node.parent.children[node.edge[0]] = head
@@ -210,8 +208,7 @@ class Trie:
         node.parent = None
 
     def append_child(self, node: Node, edge: tuple) -> Node:
-        child = Node(tuple(edge), node.end, len(self.caches), node, node.last_used, changed=self.changed,
-                     account=self)
+        child = Node(tuple(edge), node.end, len(self.caches), node, node.last_used, trie=self)
         node.children[child.edge[0]] = child
         self.changed.add(node)
         return child
